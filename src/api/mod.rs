@@ -1,0 +1,12 @@
+//! Custom resource types (`TrainingJob`, `GpuNode`), parsing of user YAML and
+//! validation into the types the estimator consumes. No I/O.
+
+pub mod gpu_node;
+pub mod parse;
+mod schema;
+pub mod training_job;
+pub mod validate;
+
+pub use gpu_node::*;
+pub use training_job::*;
+pub use validate::{FieldError, ResolvedModel, ValidatedJob, ValidationErrors, validate};

@@ -1,0 +1,193 @@
+//! Reading `TrainingJob` and `GpuNode` objects from user YAML or JSON: one
+//! or several documents, each checked for apiVersion, kind and unknown
+//! fields, with errors that name the field path. No I/O: callers pass text.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::gpu_node::{GpuNode, GpuNodeSpec, GpuNodeStatus};
+use super::training_job::{TrainingJob, TrainingJobSpec, TrainingJobStatus};
+use super::validate::FieldError;
+
+/// The API version both resources are served at.
+pub const API_VERSION: &str = "vramguard.io/v1alpha1";
+
+/// Why a document could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The text is not YAML (or JSON).
+    #[error("not valid YAML: {0}")]
+    Syntax(String),
+    /// No document in the input.
+    #[error("the input holds no document")]
+    Empty,
+    /// A document has the wrong shape.
+    #[error("{}", fields_to_string(.0))]
+    Fields(Vec<FieldError>),
+}
+
+fn fields_to_string(f: &[FieldError]) -> String {
+    f.iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Split text into its YAML documents (empty ones skipped).
+pub fn documents(text: &str) -> Result<Vec<Value>, ParseError> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
+        // Keep the message on one line per problem, without source snippets.
+        ParseError::Syntax(
+            e.to_string()
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string(),
+        )
+    })?;
+    if docs.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    Ok(docs)
+}
+
+fn field(path: &str, reason: impl Into<String>) -> FieldError {
+    FieldError {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Deserialize `value` as `T`, naming the failing field under `prefix`.
+pub fn typed<T: DeserializeOwned>(value: Value, prefix: &str) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let inner = e.path().to_string();
+        let path = if inner == "." {
+            prefix.to_string()
+        } else {
+            format!("{prefix}.{inner}")
+        };
+        field(&path, e.into_inner().to_string())
+    })
+}
+
+/// Check apiVersion, kind and the top-level keys; return the object's map.
+fn envelope(doc: Value, kind: &str) -> Result<serde_json::Map<String, Value>, Vec<FieldError>> {
+    let Value::Object(map) = doc else {
+        return Err(vec![field(
+            ".",
+            format!("expected a {kind} object, found {}", type_name(&doc)),
+        )]);
+    };
+    let mut errs = Vec::new();
+    match map.get("apiVersion") {
+        Some(Value::String(v)) if v == API_VERSION => {}
+        Some(v) => errs.push(field(
+            "apiVersion",
+            format!("{v} is not served; use {API_VERSION}"),
+        )),
+        None => errs.push(field("apiVersion", format!("missing; use {API_VERSION}"))),
+    }
+    match map.get("kind") {
+        Some(Value::String(k)) if k == kind => {}
+        Some(v) => errs.push(field("kind", format!("{v} is not a {kind}"))),
+        None => errs.push(field("kind", format!("missing; use {kind}"))),
+    }
+    for key in map.keys() {
+        if !matches!(
+            key.as_str(),
+            "apiVersion" | "kind" | "metadata" | "spec" | "status"
+        ) {
+            errs.push(field(
+                key,
+                "unknown field; expected apiVersion, kind, metadata, spec, status",
+            ));
+        }
+    }
+    if errs.is_empty() { Ok(map) } else { Err(errs) }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The object's metadata.name, for messages about a document.
+pub fn document_name(doc: &Value) -> Option<String> {
+    doc.get("metadata")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Read one document as a `TrainingJob`.
+pub fn training_job(doc: Value) -> Result<TrainingJob, ParseError> {
+    let mut map = envelope(doc, "TrainingJob").map_err(ParseError::Fields)?;
+    let mut errs = Vec::new();
+    let metadata: ObjectMeta = match map.remove("metadata") {
+        None => ObjectMeta::default(),
+        Some(v) => typed(v, "metadata").unwrap_or_else(|e| {
+            errs.push(e);
+            ObjectMeta::default()
+        }),
+    };
+    let spec: Option<TrainingJobSpec> = match map.remove("spec") {
+        None => {
+            errs.push(field("spec", "missing; a TrainingJob needs spec.model"));
+            None
+        }
+        Some(v) => typed(v, "spec").map_err(|e| errs.push(e)).ok(),
+    };
+    let status: Option<TrainingJobStatus> = match map.remove("status") {
+        None | Some(Value::Null) => None,
+        Some(v) => typed(v, "status").map_err(|e| errs.push(e)).ok(),
+    };
+    match spec {
+        Some(spec) if errs.is_empty() => Ok(TrainingJob {
+            metadata,
+            spec,
+            status,
+        }),
+        _ => Err(ParseError::Fields(errs)),
+    }
+}
+
+/// Read one document as a `GpuNode`.
+pub fn gpu_node(doc: Value) -> Result<GpuNode, ParseError> {
+    let mut map = envelope(doc, "GpuNode").map_err(ParseError::Fields)?;
+    let mut errs = Vec::new();
+    let metadata: ObjectMeta = match map.remove("metadata") {
+        None => ObjectMeta::default(),
+        Some(v) => typed(v, "metadata").unwrap_or_else(|e| {
+            errs.push(e);
+            ObjectMeta::default()
+        }),
+    };
+    let spec: Option<GpuNodeSpec> = match map.remove("spec") {
+        None => {
+            errs.push(field("spec", "missing; a GpuNode needs spec.nodeName"));
+            None
+        }
+        Some(v) => typed(v, "spec").map_err(|e| errs.push(e)).ok(),
+    };
+    let status: Option<GpuNodeStatus> = match map.remove("status") {
+        None | Some(Value::Null) => None,
+        Some(v) => typed(v, "status").map_err(|e| errs.push(e)).ok(),
+    };
+    match spec {
+        Some(spec) if errs.is_empty() => Ok(GpuNode {
+            metadata,
+            spec,
+            status,
+        }),
+        _ => Err(ParseError::Fields(errs)),
+    }
+}

@@ -1,0 +1,648 @@
+//! The `TrainingJob` custom resource: the user-facing contract of DESIGN.md.
+//! Plain data with serde and schemars; no I/O. Defaults live here so that the
+//! CRD schema, the CLI and the webhook all agree on them.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::schema::{preserve_object, preserve_object_list};
+
+/// A training (or inference) job whose per-GPU memory vramguard estimates,
+/// fits and places before anything runs.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "vramguard.io",
+    version = "v1alpha1",
+    kind = "TrainingJob",
+    namespaced,
+    status = "TrainingJobStatus",
+    shortname = "tj",
+    category = "vramguard",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Model", type_ = "string", json_path = ".status.model"),
+    printcolumn(name = "GPUs", type_ = "integer", json_path = ".spec.parallelism.gpus"),
+    printcolumn(
+        name = "Per-GPU",
+        type_ = "string",
+        json_path = ".status.perGpu",
+        description = "estimated memory per GPU"
+    ),
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.placement.node"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingJobSpec {
+    /// The model: exactly one of preset, transformer, hfConfig, layers, custom.
+    pub model: ModelSpec,
+    /// How the model is trained (or served).
+    #[serde(default)]
+    pub training: TrainingSpec,
+    /// How the work is split over GPUs.
+    #[serde(default)]
+    pub parallelism: ParallelismSpec,
+    /// What vramguard may change to make the job fit.
+    #[serde(default)]
+    pub fit_policy: FitPolicy,
+    /// Pod template of the trainer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_object")]
+    pub template: Option<PodTemplateSpec>,
+}
+
+/// The model, given one way.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Name of a built-in catalog model, e.g. `llama-3.1-8b`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    /// Transformer dimensions given explicitly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformer: Option<TransformerSpec>,
+    /// A Hugging Face `config.json` object, read as-is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_object")]
+    pub hf_config: Option<serde_json::Map<String, serde_json::Value>>,
+    /// An MLP/CNN as a list of layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_object_list")]
+    pub layers: Option<Vec<serde_json::Value>>,
+    /// Per-sample input shape, for `layers` and vision presets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_shape: Option<Vec<u64>>,
+    /// Output head; default: `lm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<Head>,
+    /// Classes of a `classification` head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_labels: Option<u64>,
+    /// A model known only by its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<CustomModel>,
+}
+
+/// Explicit transformer dimensions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TransformerSpec {
+    /// decoder | encoder | encoder-decoder.
+    #[serde(default)]
+    pub kind: TransformerKind,
+    /// Transformer blocks.
+    pub layers: u64,
+    /// Model width.
+    pub hidden_size: u64,
+    /// Query heads.
+    pub attention_heads: u64,
+    /// Key/value heads (GQA/MQA); default: attentionHeads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u64>,
+    /// Per-head width; default: hiddenSize / attentionHeads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
+    /// MLP width; default: 4 × hiddenSize.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<u64>,
+    /// Vocabulary size.
+    pub vocab_size: u64,
+    /// gated (SwiGLU/GeGLU, 3 matrices) | standard (2 matrices).
+    #[serde(default)]
+    pub mlp: MlpKind,
+    /// Output projection shares the embedding's weights.
+    #[serde(default)]
+    pub tied_embeddings: bool,
+    /// Experts per MoE layer (0: dense).
+    #[serde(default)]
+    pub experts: u64,
+    /// Experts each token is routed to.
+    #[serde(default)]
+    pub experts_per_token: u64,
+    /// Decoder blocks of an encoder-decoder model; default: layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_layers: Option<u64>,
+    /// layernorm | rmsnorm; default: rmsnorm for gated MLPs, layernorm otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<NormKind>,
+    /// Linear layers carry biases; default: false.
+    #[serde(default)]
+    pub bias: bool,
+    /// Learned absolute position embeddings (rows); 0 for rotary.
+    #[serde(default)]
+    pub max_positions: u64,
+}
+
+/// decoder | encoder | encoder-decoder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransformerKind {
+    #[default]
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+}
+
+/// gated | standard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum MlpKind {
+    #[default]
+    Gated,
+    Standard,
+}
+
+/// layernorm | rmsnorm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NormKind {
+    Layernorm,
+    Rmsnorm,
+}
+
+/// lm | classification | none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Head {
+    Lm,
+    Classification,
+    None,
+}
+
+/// A model known by its size alone.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CustomModel {
+    /// Total parameters.
+    pub parameters: f64,
+    /// Bytes of activations kept for backward per sample (at this sequence length and precision).
+    pub activation_bytes_per_sample: f64,
+}
+
+/// How the model is trained.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingSpec {
+    #[serde(default)]
+    pub mode: TrainingMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSpec>,
+    /// Explicit count of trainable parameters (adapters, partial freezing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainable_parameters: Option<f64>,
+    /// Base weights: none | int8 | nf4 | nf4-double; default: nf4 for qlora, none otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub micro_batch_size: u64,
+    /// Optional; accumulation = global / (micro × data-parallel ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch_size: Option<u64>,
+    /// Tokens per sample at the peak (longest padded or packed sample).
+    #[serde(default = "default_sequence_length")]
+    #[schemars(range(min = 1))]
+    pub sequence_length: u64,
+    #[serde(default)]
+    pub precision: Precision,
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    #[serde(default)]
+    pub optimizer_in_backward: bool,
+    #[serde(default)]
+    pub gradient_checkpointing: Checkpointing,
+    #[serde(default)]
+    pub activation_offloading: bool,
+    #[serde(default)]
+    pub attention: Attention,
+    #[serde(default)]
+    pub loss: Loss,
+    #[serde(default)]
+    pub compile: bool,
+    #[serde(default)]
+    pub framework: Framework,
+    /// Bytes of dataset or buffers kept on the GPU.
+    #[serde(default)]
+    pub data_on_gpu_bytes: u64,
+}
+
+impl Default for TrainingSpec {
+    fn default() -> Self {
+        TrainingSpec {
+            mode: TrainingMode::default(),
+            lora: None,
+            trainable_parameters: None,
+            quantization: None,
+            micro_batch_size: 1,
+            global_batch_size: None,
+            sequence_length: default_sequence_length(),
+            precision: Precision::default(),
+            optimizer: Optimizer::default(),
+            optimizer_in_backward: false,
+            gradient_checkpointing: Checkpointing::default(),
+            activation_offloading: false,
+            attention: Attention::default(),
+            loss: Loss::default(),
+            compile: false,
+            framework: Framework::default(),
+            data_on_gpu_bytes: 0,
+        }
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn default_sequence_length() -> u64 {
+    2048
+}
+
+/// full | lora | qlora | adapter | inference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainingMode {
+    #[default]
+    Full,
+    Lora,
+    Qlora,
+    Adapter,
+    Inference,
+}
+
+/// LoRA adapter shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoraSpec {
+    #[serde(default = "default_lora_rank")]
+    pub rank: u64,
+    #[serde(default = "default_lora_alpha")]
+    pub alpha: f64,
+    /// Projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head.
+    #[serde(default = "default_target_modules")]
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        LoraSpec {
+            rank: default_lora_rank(),
+            alpha: default_lora_alpha(),
+            target_modules: default_target_modules(),
+        }
+    }
+}
+
+fn default_lora_rank() -> u64 {
+    8
+}
+
+fn default_lora_alpha() -> f64 {
+    16.0
+}
+
+fn default_target_modules() -> Vec<String> {
+    vec!["q_proj".into(), "v_proj".into()]
+}
+
+/// none | int8 | nf4 | nf4-double.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Quantization {
+    #[default]
+    None,
+    Int8,
+    Nf4,
+    Nf4Double,
+}
+
+/// fp32 | tf32 | fp16-mixed | bf16-mixed | fp16 | bf16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Precision {
+    #[serde(rename = "fp32")]
+    Fp32,
+    #[serde(rename = "tf32")]
+    Tf32,
+    #[serde(rename = "fp16-mixed")]
+    Fp16Mixed,
+    #[default]
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    #[serde(rename = "fp16")]
+    Fp16,
+    #[serde(rename = "bf16")]
+    Bf16,
+}
+
+/// adamw | adam | sgd | sgd-momentum | adafactor | adamw-8bit | paged-adamw | paged-adamw-8bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Optimizer {
+    #[default]
+    Adamw,
+    Adam,
+    Sgd,
+    SgdMomentum,
+    Adafactor,
+    #[serde(rename = "adamw-8bit")]
+    Adamw8bit,
+    PagedAdamw,
+    #[serde(rename = "paged-adamw-8bit")]
+    PagedAdamw8bit,
+}
+
+/// none | selective | full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpointing {
+    #[default]
+    None,
+    Selective,
+    Full,
+}
+
+/// eager | sdpa | flash.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    Eager,
+    #[default]
+    Sdpa,
+    Flash,
+}
+
+/// standard | chunked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Loss {
+    #[default]
+    Standard,
+    Chunked,
+}
+
+/// pytorch | tensorflow | jax.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    #[default]
+    Pytorch,
+    Tensorflow,
+    Jax,
+}
+
+/// How the job is split over GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParallelismSpec {
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub gpus: u64,
+    /// GPUs per node; default: min(gpus, 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<u64>,
+    /// 0 DDP | 1 optimizer | 2 +gradients | 3 +parameters.
+    #[serde(default)]
+    #[schemars(range(max = 3))]
+    pub zero_stage: u8,
+    #[serde(default)]
+    pub strategy: Strategy,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub tensor_parallel: u64,
+    #[serde(default)]
+    pub sequence_parallel: bool,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub pipeline_parallel: u64,
+    #[serde(default)]
+    pub pipeline_schedule: PipelineSchedule,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub virtual_stages: u64,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub context_parallel: u64,
+    #[serde(default)]
+    pub offload: Offload,
+}
+
+impl Default for ParallelismSpec {
+    fn default() -> Self {
+        ParallelismSpec {
+            gpus: 1,
+            gpus_per_node: None,
+            zero_stage: 0,
+            strategy: Strategy::default(),
+            tensor_parallel: 1,
+            sequence_parallel: false,
+            pipeline_parallel: 1,
+            pipeline_schedule: PipelineSchedule::default(),
+            virtual_stages: 1,
+            context_parallel: 1,
+            offload: Offload::default(),
+        }
+    }
+}
+
+/// ddp | fsdp | deepspeed | megatron.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    #[default]
+    Ddp,
+    Fsdp,
+    Deepspeed,
+    Megatron,
+}
+
+/// gpipe | 1f1b | interleaved-1f1b.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PipelineSchedule {
+    #[serde(rename = "gpipe")]
+    Gpipe,
+    #[default]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    #[serde(rename = "interleaved-1f1b")]
+    Interleaved1f1b,
+}
+
+/// none | optimizer | optimizer-and-parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Offload {
+    #[default]
+    None,
+    Optimizer,
+    OptimizerAndParameters,
+}
+
+/// What vramguard may change to make a job fit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FitPolicy {
+    /// Reject: as written or not at all | Adjust: may change what `allow` lists.
+    #[serde(default)]
+    pub mode: FitMode,
+    #[serde(default = "default_allow")]
+    pub allow: Vec<AdjustableField>,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub min_micro_batch_size: u64,
+    /// Fraction of headroom kept on top of the estimate.
+    #[serde(default = "default_safety_margin")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub safety_margin: f64,
+    #[serde(default = "default_max_oom_retries")]
+    pub max_oom_retries: u32,
+}
+
+impl Default for FitPolicy {
+    fn default() -> Self {
+        FitPolicy {
+            mode: FitMode::default(),
+            allow: default_allow(),
+            min_micro_batch_size: 1,
+            safety_margin: default_safety_margin(),
+            max_oom_retries: default_max_oom_retries(),
+        }
+    }
+}
+
+fn default_allow() -> Vec<AdjustableField> {
+    vec![
+        AdjustableField::MicroBatchSize,
+        AdjustableField::GradientCheckpointing,
+    ]
+}
+
+fn default_safety_margin() -> f64 {
+    0.05
+}
+
+fn default_max_oom_retries() -> u32 {
+    3
+}
+
+/// Reject | Adjust.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum FitMode {
+    #[default]
+    Reject,
+    Adjust,
+}
+
+/// Fields the fit policy may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum AdjustableField {
+    MicroBatchSize,
+    Precision,
+    GradientCheckpointing,
+    Optimizer,
+    ZeroStage,
+    Loss,
+}
+
+/// What vramguard decided and observed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Human name of the model, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Per-GPU estimate in GiB, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_gpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<EstimateStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    #[serde(default)]
+    pub oom_retries: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Pending | Admitted | Running | Succeeded | Failed | Rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Admitted,
+    Running,
+    Succeeded,
+    Failed,
+    Rejected,
+}
+
+/// Per-rank memory estimate (`status.estimate`, and `estimate` in `-o json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EstimateStatus {
+    /// Tensors live at the peak: `torch.cuda.max_memory_allocated()`.
+    pub peak_allocated_bytes: u64,
+    /// Plus caching-allocator rounding and fragmentation: `max_memory_reserved()`.
+    pub peak_reserved_bytes: u64,
+    /// Plus CUDA context, library workspaces, NCCL buffers: what nvidia-smi shows.
+    pub per_gpu_bytes: u64,
+    pub breakdown: Breakdown,
+    /// Largest single allocation: must fit in the largest free block.
+    pub largest_tensor_bytes: u64,
+    /// Step phase at which the peak is reached.
+    pub peak_phase: String,
+    /// GPU product the estimate was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+}
+
+/// Bytes per component at the peak phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Breakdown {
+    pub weights: u64,
+    pub gradients: u64,
+    pub optimizer_states: u64,
+    pub activations: u64,
+    pub logits: u64,
+    pub inputs: u64,
+    pub temporaries: u64,
+    pub allocator_overhead: u64,
+    pub cuda_context: u64,
+    pub workspaces: u64,
+    pub communication: u64,
+}
+
+/// The plan applied to the job (never written into the spec).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    pub micro_batch_size: u64,
+    pub gradient_accumulation_steps: u64,
+    pub precision: Precision,
+    pub gradient_checkpointing: Checkpointing,
+    pub optimizer: Optimizer,
+    pub zero_stage: u8,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+}
+
+/// Where the job runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    pub gpus: Vec<u32>,
+}

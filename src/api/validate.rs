@@ -1,0 +1,707 @@
+//! Validation of a `TrainingJobSpec` into a [`ValidatedJob`], the only input
+//! the estimator and planner accept. Every problem is collected, each naming
+//! the field path, the value and the reason. Pure: no I/O.
+
+use std::fmt;
+
+use super::training_job::*;
+use crate::estimate::arch::{Arch, Kind, Mlp, Norm};
+use crate::estimate::params;
+use crate::estimate::presets;
+
+/// Largest parameter count we accept (a quadrillion: 2 500 × Llama-3.1-405B).
+pub const MAX_PARAMETERS: f64 = 1e15;
+/// Largest byte count a user may give for per-sample activations or data.
+pub const MAX_BYTES: f64 = 1e18;
+/// Longest sequence we accept (tokens per sample).
+pub const MAX_SEQUENCE_LENGTH: u64 = 1 << 26;
+/// Largest micro-batch we accept.
+pub const MAX_MICRO_BATCH: u64 = 1 << 24;
+/// Largest GPU count we accept.
+pub const MAX_GPUS: u64 = 1 << 20;
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path, e.g. `spec.training.microBatchSize`.
+    pub path: String,
+    /// Why the value is wrong and, where possible, what would be valid.
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// All problems found in one spec.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the model is, once resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResolvedModel {
+    Transformer(Arch),
+    /// Known by size only.
+    Custom {
+        parameters: u64,
+        activation_bytes_per_sample: u64,
+    },
+}
+
+/// A spec that passed validation, with every default resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidatedJob {
+    /// The spec as written, defaults filled in by serde.
+    pub spec: TrainingJobSpec,
+    pub model: ResolvedModel,
+    /// Short human name of the model (`llama-3.1-8b`, `transformer 32×4096`).
+    pub model_name: String,
+    pub head: Head,
+    pub num_labels: u64,
+    pub quantization: Quantization,
+    pub lora: Option<LoraSpec>,
+    /// Total parameters of the model.
+    pub total_parameters: u64,
+    /// Data-parallel ranks: gpus / (tensor × pipeline × context parallel).
+    pub data_parallel: u64,
+    pub gpus_per_node: u64,
+    /// Gradient accumulation steps as written (1 without globalBatchSize).
+    pub gradient_accumulation_steps: u64,
+}
+
+/// LoRA projections we know how to size.
+pub const LORA_TARGETS: &[&str] = &[
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "lm_head",
+];
+
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, path: &str, reason: impl Into<String>) {
+        self.0.push(FieldError {
+            path: path.to_string(),
+            reason: reason.into(),
+        });
+    }
+
+    fn at_least(&mut self, path: &str, value: u64, min: u64) {
+        if value < min {
+            self.push(path, format!("{value} is not allowed; minimum is {min}"));
+        }
+    }
+
+    fn at_most(&mut self, path: &str, value: u64, max: u64) {
+        if value > max {
+            self.push(path, format!("{value} is too large; maximum is {max}"));
+        }
+    }
+}
+
+/// A float that must be a whole count in `0..=max`.
+fn count_from_f64(errs: &mut Errors, path: &str, v: f64, min: f64, max: f64) -> Option<u64> {
+    if !v.is_finite() {
+        errs.push(path, format!("{v} is not a finite number"));
+        return None;
+    }
+    if v < min {
+        errs.push(path, format!("{v} is not allowed; minimum is {min}"));
+        return None;
+    }
+    if v > max {
+        errs.push(path, format!("{v:e} is too large; maximum is {max:e}"));
+        return None;
+    }
+    // In range and finite: the conversion is exact up to 2^53 and saturating above.
+    Some(v.round() as u64)
+}
+
+/// Validate a spec; all problems at once.
+pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors> {
+    let mut errs = Errors(Vec::new());
+    let t = &spec.training;
+    let p = &spec.parallelism;
+
+    let (model, model_name) = resolve_model(&mut errs, &spec.model);
+
+    // Head.
+    let head = spec.model.head.unwrap_or(Head::Lm);
+    let num_labels = spec.model.num_labels.unwrap_or(2);
+    if spec.model.num_labels.is_some() && head != Head::Classification {
+        errs.push(
+            "spec.model.numLabels",
+            "only used with head: classification",
+        );
+    }
+    errs.at_least("spec.model.numLabels", num_labels, 1);
+    errs.at_most("spec.model.numLabels", num_labels, 1 << 24);
+    if let Some(shape) = &spec.model.input_shape {
+        if shape.is_empty() {
+            errs.push("spec.model.inputShape", "must not be empty");
+        }
+        for (i, d) in shape.iter().enumerate() {
+            errs.at_least(&format!("spec.model.inputShape[{i}]"), *d, 1);
+        }
+    }
+
+    // Training.
+    errs.at_least("spec.training.microBatchSize", t.micro_batch_size, 1);
+    errs.at_most(
+        "spec.training.microBatchSize",
+        t.micro_batch_size,
+        MAX_MICRO_BATCH,
+    );
+    errs.at_least("spec.training.sequenceLength", t.sequence_length, 1);
+    errs.at_most(
+        "spec.training.sequenceLength",
+        t.sequence_length,
+        MAX_SEQUENCE_LENGTH,
+    );
+    if t.data_on_gpu_bytes as f64 > MAX_BYTES {
+        errs.push(
+            "spec.training.dataOnGpuBytes",
+            format!(
+                "{} is too large; maximum is {MAX_BYTES:e}",
+                t.data_on_gpu_bytes
+            ),
+        );
+    }
+
+    let quantization = match (t.mode, t.quantization) {
+        (TrainingMode::Qlora, None) => Quantization::Nf4,
+        (TrainingMode::Qlora, Some(Quantization::None)) => {
+            errs.push(
+                "spec.training.quantization",
+                "none contradicts mode: qlora (4-bit base weights); use nf4 or nf4-double, or mode: lora",
+            );
+            Quantization::None
+        }
+        (TrainingMode::Full, Some(q)) if q != Quantization::None => {
+            errs.push(
+                "spec.training.quantization",
+                format!(
+                    "{} base weights cannot be trained in mode: full; use mode: lora, qlora or adapter",
+                    quantization_name(q)
+                ),
+            );
+            q
+        }
+        (_, q) => q.unwrap_or(Quantization::None),
+    };
+
+    let lora = match t.mode {
+        TrainingMode::Lora | TrainingMode::Qlora => {
+            let l = t.lora.clone().unwrap_or_default();
+            errs.at_least("spec.training.lora.rank", l.rank, 1);
+            errs.at_most("spec.training.lora.rank", l.rank, 1 << 16);
+            if !l.alpha.is_finite() || l.alpha <= 0.0 {
+                errs.push(
+                    "spec.training.lora.alpha",
+                    format!("{} is not allowed; must be a positive number", l.alpha),
+                );
+            }
+            if l.target_modules.is_empty() {
+                errs.push(
+                    "spec.training.lora.targetModules",
+                    format!("must name at least one of {}", LORA_TARGETS.join(", ")),
+                );
+            }
+            for (i, m) in l.target_modules.iter().enumerate() {
+                if !LORA_TARGETS.contains(&m.as_str()) {
+                    errs.push(
+                        &format!("spec.training.lora.targetModules[{i}]"),
+                        format!("unknown module {m:?}; known: {}", LORA_TARGETS.join(", ")),
+                    );
+                }
+            }
+            Some(l)
+        }
+        _ => {
+            if t.lora.is_some() {
+                errs.push("spec.training.lora", "only used with mode: lora or qlora");
+            }
+            None
+        }
+    };
+
+    let total_parameters = match &model {
+        Some(ResolvedModel::Transformer(arch)) => {
+            match params::count(arch, head, num_labels).map(|c| c.total) {
+                Some(n) if (n as f64) <= MAX_PARAMETERS => n,
+                Some(n) => {
+                    errs.push(
+                        "spec.model",
+                        format!("the model has {n} parameters; maximum is {MAX_PARAMETERS:e}"),
+                    );
+                    0
+                }
+                None => {
+                    errs.push(
+                        "spec.model",
+                        "the parameter count overflows 64 bits; check the dimensions",
+                    );
+                    0
+                }
+            }
+        }
+        Some(ResolvedModel::Custom { parameters, .. }) => *parameters,
+        None => 0,
+    };
+
+    if let Some(tp) = t.trainable_parameters
+        && let Some(n) = count_from_f64(
+            &mut errs,
+            "spec.training.trainableParameters",
+            tp,
+            0.0,
+            MAX_PARAMETERS,
+        )
+        && total_parameters > 0
+        && n > total_parameters
+    {
+        errs.push(
+            "spec.training.trainableParameters",
+            format!("{n} exceeds the model's {total_parameters} parameters"),
+        );
+    }
+    if t.mode == TrainingMode::Inference && t.trainable_parameters.is_some_and(|v| v > 0.0) {
+        errs.push(
+            "spec.training.trainableParameters",
+            "must be 0 or absent in mode: inference",
+        );
+    }
+
+    // Parallelism.
+    errs.at_least("spec.parallelism.gpus", p.gpus, 1);
+    errs.at_most("spec.parallelism.gpus", p.gpus, MAX_GPUS);
+    errs.at_least("spec.parallelism.tensorParallel", p.tensor_parallel, 1);
+    errs.at_least("spec.parallelism.pipelineParallel", p.pipeline_parallel, 1);
+    errs.at_least("spec.parallelism.contextParallel", p.context_parallel, 1);
+    errs.at_least("spec.parallelism.virtualStages", p.virtual_stages, 1);
+    if p.zero_stage > 3 {
+        errs.push(
+            "spec.parallelism.zeroStage",
+            format!("{} is not a ZeRO stage; allowed: 0, 1, 2, 3", p.zero_stage),
+        );
+    }
+    let model_parallel = p
+        .tensor_parallel
+        .checked_mul(p.pipeline_parallel)
+        .and_then(|x| x.checked_mul(p.context_parallel));
+    let data_parallel = match model_parallel {
+        None => {
+            errs.push(
+                "spec.parallelism",
+                "tensorParallel × pipelineParallel × contextParallel overflows",
+            );
+            1
+        }
+        Some(0) => 1,
+        Some(mp) if p.gpus % mp != 0 => {
+            errs.push(
+                "spec.parallelism.gpus",
+                format!(
+                    "{} is not a multiple of tensorParallel × pipelineParallel × contextParallel = {mp}",
+                    p.gpus
+                ),
+            );
+            1
+        }
+        Some(mp) => (p.gpus / mp).max(1),
+    };
+    let gpus_per_node = p.gpus_per_node.unwrap_or(p.gpus.min(8));
+    if let Some(g) = p.gpus_per_node {
+        errs.at_least("spec.parallelism.gpusPerNode", g, 1);
+        errs.at_most("spec.parallelism.gpusPerNode", g, 64);
+        if g > 0 && p.gpus > g && p.gpus % g != 0 {
+            errs.push(
+                "spec.parallelism.gpusPerNode",
+                format!(
+                    "{} GPUs do not split into whole nodes of {g}; use a multiple of {g}",
+                    p.gpus
+                ),
+            );
+        }
+    }
+    if p.sequence_parallel && p.tensor_parallel < 2 {
+        errs.push(
+            "spec.parallelism.sequenceParallel",
+            "needs tensorParallel ≥ 2 (it splits the tensor-parallel group's activations)",
+        );
+    }
+    if p.virtual_stages > 1 && p.pipeline_schedule != PipelineSchedule::Interleaved1f1b {
+        errs.push(
+            "spec.parallelism.virtualStages",
+            "more than 1 needs pipelineSchedule: interleaved-1f1b",
+        );
+    }
+    match p.offload {
+        Offload::Optimizer if p.zero_stage == 0 => errs.push(
+            "spec.parallelism.offload",
+            "optimizer offload needs zeroStage ≥ 1",
+        ),
+        Offload::OptimizerAndParameters if p.zero_stage != 3 => errs.push(
+            "spec.parallelism.offload",
+            "parameter offload needs zeroStage: 3",
+        ),
+        _ => {}
+    }
+    if let Some(ResolvedModel::Transformer(arch)) = &model {
+        if arch.heads % p.tensor_parallel.max(1) != 0 {
+            errs.push(
+                "spec.parallelism.tensorParallel",
+                format!(
+                    "{} does not divide the model's {} attention heads",
+                    p.tensor_parallel, arch.heads
+                ),
+            );
+        }
+        let stages = p.pipeline_parallel.saturating_mul(p.virtual_stages);
+        let blocks = arch.layers.saturating_add(arch.decoder_layers);
+        if stages > blocks {
+            errs.push(
+                "spec.parallelism.pipelineParallel",
+                format!(
+                    "{} stages × {} virtual stages exceed the model's {blocks} layers",
+                    p.pipeline_parallel, p.virtual_stages
+                ),
+            );
+        }
+        if p.context_parallel > 1 && t.sequence_length % p.context_parallel != 0 {
+            errs.push(
+                "spec.parallelism.contextParallel",
+                format!(
+                    "{} does not divide sequenceLength {}",
+                    p.context_parallel, t.sequence_length
+                ),
+            );
+        }
+    } else if model.is_some() && model_parallel.is_some_and(|m| m > 1) {
+        errs.push(
+            "spec.parallelism",
+            "tensor, pipeline and context parallelism need a transformer model",
+        );
+    }
+
+    // Batch.
+    let mut gradient_accumulation_steps = 1;
+    if let Some(g) = t.global_batch_size {
+        match t.micro_batch_size.checked_mul(data_parallel) {
+            None => errs.push(
+                "spec.training.globalBatchSize",
+                "microBatchSize × data-parallel ranks overflows",
+            ),
+            Some(0) => {}
+            Some(per_step) if g < per_step || g % per_step != 0 => errs.push(
+                "spec.training.globalBatchSize",
+                format!(
+                    "{g} is not divisible by microBatchSize × data-parallel ranks = {} × {data_parallel} = {per_step}",
+                    t.micro_batch_size
+                ),
+            ),
+            Some(per_step) => gradient_accumulation_steps = g / per_step,
+        }
+    }
+
+    // Fit policy.
+    let fp = &spec.fit_policy;
+    if !fp.safety_margin.is_finite() || !(0.0..1.0).contains(&fp.safety_margin) {
+        errs.push(
+            "spec.fitPolicy.safetyMargin",
+            format!(
+                "{} is not allowed; use a fraction in [0, 1), e.g. 0.05",
+                fp.safety_margin
+            ),
+        );
+    }
+    errs.at_least(
+        "spec.fitPolicy.minMicroBatchSize",
+        fp.min_micro_batch_size,
+        1,
+    );
+    if fp.min_micro_batch_size > t.micro_batch_size {
+        errs.push(
+            "spec.fitPolicy.minMicroBatchSize",
+            format!(
+                "{} is above spec.training.microBatchSize {}",
+                fp.min_micro_batch_size, t.micro_batch_size
+            ),
+        );
+    }
+    errs.at_most(
+        "spec.fitPolicy.maxOomRetries",
+        u64::from(fp.max_oom_retries),
+        100,
+    );
+
+    if !errs.0.is_empty() {
+        return Err(ValidationErrors(errs.0));
+    }
+    let model = model.expect("a model error would have returned above");
+    Ok(ValidatedJob {
+        spec: spec.clone(),
+        model,
+        model_name,
+        head,
+        num_labels,
+        quantization,
+        lora,
+        total_parameters,
+        data_parallel,
+        gpus_per_node,
+        gradient_accumulation_steps,
+    })
+}
+
+fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, String) {
+    let given: Vec<&str> = [
+        ("preset", m.preset.is_some()),
+        ("transformer", m.transformer.is_some()),
+        ("hfConfig", m.hf_config.is_some()),
+        ("layers", m.layers.is_some()),
+        ("custom", m.custom.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(name, _)| name)
+    .collect();
+    match given.len() {
+        0 => {
+            errs.push(
+                "spec.model",
+                "no model given; set exactly one of preset, transformer, hfConfig, layers, custom",
+            );
+            return (None, String::new());
+        }
+        1 => {}
+        _ => {
+            errs.push(
+                "spec.model",
+                format!(
+                    "several model sources given ({}); set exactly one",
+                    given.join(", ")
+                ),
+            );
+            return (None, String::new());
+        }
+    }
+    if let Some(name) = &m.preset {
+        return match presets::find(name) {
+            Some(p) => (Some(ResolvedModel::Transformer(p.arch)), p.name.to_string()),
+            None => {
+                errs.push(
+                    "spec.model.preset",
+                    format!(
+                        "unknown preset {name:?}; known: {}",
+                        presets::names().collect::<Vec<_>>().join(", ")
+                    ),
+                );
+                (None, String::new())
+            }
+        };
+    }
+    if let Some(t) = &m.transformer {
+        let arch = transformer_arch(errs, t);
+        let name = format!("transformer {}×{}", t.layers, t.hidden_size);
+        return (arch.map(ResolvedModel::Transformer), name);
+    }
+    if m.hf_config.is_some() {
+        errs.push(
+            "spec.model.hfConfig",
+            "not supported by this version's estimator; give the dimensions as spec.model.transformer or use a preset",
+        );
+        return (None, String::new());
+    }
+    if m.layers.is_some() {
+        errs.push(
+            "spec.model.layers",
+            "not supported by this version's estimator; describe the model as spec.model.custom (parameters, activationBytesPerSample)",
+        );
+        return (None, String::new());
+    }
+    if let Some(c) = &m.custom {
+        let before = errs.0.len();
+        let parameters = count_from_f64(
+            errs,
+            "spec.model.custom.parameters",
+            c.parameters,
+            1.0,
+            MAX_PARAMETERS,
+        );
+        let act = count_from_f64(
+            errs,
+            "spec.model.custom.activationBytesPerSample",
+            c.activation_bytes_per_sample,
+            0.0,
+            MAX_BYTES,
+        );
+        if errs.0.len() != before {
+            return (None, String::new());
+        }
+        let (Some(parameters), Some(activation_bytes_per_sample)) = (parameters, act) else {
+            return (None, String::new());
+        };
+        let name = format!("custom {:.2}B", parameters as f64 / 1e9);
+        return (
+            Some(ResolvedModel::Custom {
+                parameters,
+                activation_bytes_per_sample,
+            }),
+            name,
+        );
+    }
+    (None, String::new())
+}
+
+fn transformer_arch(errs: &mut Errors, t: &TransformerSpec) -> Option<Arch> {
+    let before = errs.0.len();
+    let path = "spec.model.transformer";
+    const MAX_DIM: u64 = 1 << 24;
+    let dims = [
+        ("layers", t.layers),
+        ("hiddenSize", t.hidden_size),
+        ("attentionHeads", t.attention_heads),
+        ("vocabSize", t.vocab_size),
+    ];
+    for (name, v) in dims {
+        errs.at_least(&format!("{path}.{name}"), v, 1);
+        errs.at_most(&format!("{path}.{name}"), v, MAX_DIM);
+    }
+    let heads = t.attention_heads;
+    let kv_heads = t.kv_heads.unwrap_or(heads);
+    errs.at_least(&format!("{path}.kvHeads"), kv_heads, 1);
+    if kv_heads > 0 && heads % kv_heads != 0 {
+        errs.push(
+            &format!("{path}.kvHeads"),
+            format!("{kv_heads} does not divide attentionHeads {heads}"),
+        );
+    }
+    let head_dim = match t.head_dim {
+        Some(d) => {
+            errs.at_least(&format!("{path}.headDim"), d, 1);
+            errs.at_most(&format!("{path}.headDim"), d, MAX_DIM);
+            d
+        }
+        None => {
+            if heads > 0 && t.hidden_size % heads != 0 {
+                errs.push(
+                    &format!("{path}.attentionHeads"),
+                    format!(
+                        "{heads} does not divide hiddenSize {}; set headDim if the model's heads are not hiddenSize / heads wide",
+                        t.hidden_size
+                    ),
+                );
+            }
+            t.hidden_size.checked_div(heads).unwrap_or(0)
+        }
+    };
+    let intermediate = match t.intermediate_size {
+        Some(i) => {
+            errs.at_least(&format!("{path}.intermediateSize"), i, 1);
+            errs.at_most(&format!("{path}.intermediateSize"), i, MAX_DIM);
+            i
+        }
+        None => t.hidden_size.saturating_mul(4),
+    };
+    if t.experts == 0 && t.experts_per_token != 0 {
+        errs.push(
+            &format!("{path}.expertsPerToken"),
+            format!("{} needs experts > 0", t.experts_per_token),
+        );
+    }
+    if t.experts > 0 && (t.experts_per_token == 0 || t.experts_per_token > t.experts) {
+        errs.push(
+            &format!("{path}.expertsPerToken"),
+            format!(
+                "{} is not allowed; must be between 1 and experts ({})",
+                t.experts_per_token, t.experts
+            ),
+        );
+    }
+    errs.at_most(&format!("{path}.experts"), t.experts, 1 << 16);
+    errs.at_most(&format!("{path}.maxPositions"), t.max_positions, MAX_DIM);
+    let decoder_layers = match (t.kind, t.decoder_layers) {
+        (TransformerKind::EncoderDecoder, d) => {
+            let d = d.unwrap_or(t.layers);
+            errs.at_least(&format!("{path}.decoderLayers"), d, 1);
+            errs.at_most(&format!("{path}.decoderLayers"), d, MAX_DIM);
+            d
+        }
+        (_, Some(_)) => {
+            errs.push(
+                &format!("{path}.decoderLayers"),
+                "only used with kind: encoder-decoder",
+            );
+            0
+        }
+        (_, None) => 0,
+    };
+    if errs.0.len() != before {
+        return None;
+    }
+    let mlp = match t.mlp {
+        MlpKind::Gated => Mlp::Gated,
+        MlpKind::Standard => Mlp::Standard,
+    };
+    let norm = match t.norm {
+        Some(NormKind::Layernorm) => Norm::LayerNorm,
+        Some(NormKind::Rmsnorm) => Norm::RmsNorm,
+        None if mlp == Mlp::Gated => Norm::RmsNorm,
+        None => Norm::LayerNorm,
+    };
+    Some(Arch {
+        kind: match t.kind {
+            TransformerKind::Decoder => Kind::Decoder,
+            TransformerKind::Encoder => Kind::Encoder,
+            TransformerKind::EncoderDecoder => Kind::EncoderDecoder,
+        },
+        layers: t.layers,
+        decoder_layers,
+        hidden: t.hidden_size,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate,
+        vocab: t.vocab_size,
+        mlp,
+        tied: t.tied_embeddings,
+        experts: t.experts,
+        experts_per_token: t.experts_per_token,
+        norm,
+        qkv_bias: t.bias,
+        linear_bias: t.bias,
+        max_positions: t.max_positions,
+        type_vocab: 0,
+        parallel_block: false,
+    })
+}
+
+/// The YAML spelling of a quantization.
+pub fn quantization_name(q: Quantization) -> &'static str {
+    match q {
+        Quantization::None => "none",
+        Quantization::Int8 => "int8",
+        Quantization::Nf4 => "nf4",
+        Quantization::Nf4Double => "nf4-double",
+    }
+}

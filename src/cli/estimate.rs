@@ -1,0 +1,347 @@
+//! `vramguard estimate`: read TrainingJobs, estimate each on the GPUs asked
+//! about, print a table, JSON or YAML, and exit 0 (fits), 1 (does not fit)
+//! or 2 (bad input).
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
+use crate::api::{self, EstimateStatus, ValidatedJob, parse};
+use crate::estimate::{self, Estimate, GpuProduct, gpus};
+use crate::plan::{self, GpuView, Verdict};
+
+/// Output formats of `estimate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Arguments of `vramguard estimate`.
+#[derive(Debug, Clone, Args)]
+pub struct EstimateArgs {
+    /// TrainingJob YAML (one or several documents); `-` reads standard input.
+    #[arg(
+        short = 'f',
+        long = "file",
+        env = "VRAMGUARD_FILE",
+        value_name = "FILE"
+    )]
+    pub file: PathBuf,
+    /// GPU product to check against (see the README for the catalog).
+    #[arg(
+        long,
+        env = "VRAMGUARD_GPU",
+        default_value = "h100-80gb",
+        conflicts_with = "gpus"
+    )]
+    pub gpu: String,
+    /// Several GPU products, comma-separated; the job fits when it fits one of them.
+    #[arg(
+        long,
+        env = "VRAMGUARD_GPUS",
+        value_delimiter = ',',
+        value_name = "GPU,GPU,..."
+    )]
+    pub gpus: Vec<String>,
+    /// Output format.
+    #[arg(short = 'o', long, env = "VRAMGUARD_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// One GPU's verdict for a job.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuVerdict {
+    pub gpu: String,
+    pub product: String,
+    pub usable_bytes: u64,
+    pub per_gpu_bytes: u64,
+    pub verdict: Verdict,
+    pub message: String,
+}
+
+/// Per-phase allocated bytes, for the explanation.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseReport {
+    pub phase: String,
+    pub allocated_bytes: u64,
+}
+
+/// A contributor to the peak.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Contributor {
+    pub component: String,
+    pub bytes: u64,
+}
+
+/// Why the number is what it is.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    pub peak_phase: String,
+    pub top_contributors: Vec<Contributor>,
+    pub summary: String,
+}
+
+/// Everything `estimate` says about one job (the `-o json` object).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobReport {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub model: String,
+    /// The estimate on the first GPU asked about (`status.estimate`).
+    pub estimate: EstimateStatus,
+    pub phases: Vec<PhaseReport>,
+    pub explanation: Explanation,
+    pub verdicts: Vec<GpuVerdict>,
+    /// True when the job fits at least one GPU asked about.
+    pub fits: bool,
+    #[serde(skip)]
+    pub job: Option<ValidatedJob>,
+}
+
+/// Resolve the GPU names the user gave.
+pub fn resolve_gpus(args: &EstimateArgs) -> Result<Vec<&'static GpuProduct>, String> {
+    let names: Vec<&str> = if args.gpus.is_empty() {
+        vec![args.gpu.as_str()]
+    } else {
+        args.gpus
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    if names.is_empty() {
+        return Err("--gpus: no GPU named".to_string());
+    }
+    names
+        .iter()
+        .map(|n| {
+            gpus::find(n).ok_or_else(|| {
+                format!(
+                    "--gpu: unknown GPU {n:?}; known: {}",
+                    gpus::names().collect::<Vec<_>>().join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+fn verdict_message(v: &Verdict) -> String {
+    let gib = |b: u64| b as f64 / estimate::GIB;
+    if v.fits {
+        format!("fits with {:.1} GiB headroom", gib(v.headroom_bytes))
+    } else if v.short_by_bytes > 0 {
+        format!("short by {:.1} GiB", gib(v.short_by_bytes))
+    } else {
+        format!(
+            "largest tensor {:.1} GiB exceeds the largest free block {:.1} GiB",
+            gib(v.largest_tensor_bytes),
+            gib(v.largest_block_bytes)
+        )
+    }
+}
+
+/// Estimate one validated job on every GPU.
+pub fn report(
+    job: &ValidatedJob,
+    name: Option<String>,
+    targets: &[&'static GpuProduct],
+) -> Result<JobReport, String> {
+    let mut first: Option<Estimate> = None;
+    let mut verdicts = Vec::new();
+    for gpu in targets {
+        let est = estimate::estimate(job, gpu).map_err(|e| e.to_string())?;
+        let v = plan::fit(
+            est.status.per_gpu_bytes,
+            est.status.largest_tensor_bytes,
+            job.spec.fit_policy.safety_margin,
+            GpuView::empty(gpu.usable_bytes()),
+        );
+        verdicts.push(GpuVerdict {
+            gpu: gpu.name.to_string(),
+            product: gpu.product.to_string(),
+            usable_bytes: gpu.usable_bytes(),
+            per_gpu_bytes: est.status.per_gpu_bytes,
+            message: verdict_message(&v),
+            verdict: v,
+        });
+        if first.is_none() {
+            first = Some(est);
+        }
+    }
+    let est = first.ok_or("no GPU to estimate on")?;
+    let top: Vec<Contributor> = est
+        .top_contributors(3)
+        .into_iter()
+        .map(|(c, b)| Contributor {
+            component: c.to_string(),
+            bytes: b,
+        })
+        .collect();
+    let summary = format!(
+        "peak at {}: {}",
+        est.peak_phase.name(),
+        top.iter()
+            .map(|c| format!("{} {:.2} GiB", c.component, c.bytes as f64 / estimate::GIB))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(JobReport {
+        name,
+        model: job.model_name.clone(),
+        phases: est
+            .phases
+            .iter()
+            .map(|p| PhaseReport {
+                phase: p.phase.name().to_string(),
+                allocated_bytes: p.allocated().ceil() as u64,
+            })
+            .collect(),
+        explanation: Explanation {
+            peak_phase: est.peak_phase.name().to_string(),
+            top_contributors: top,
+            summary,
+        },
+        fits: verdicts.iter().any(|v| v.verdict.fits),
+        verdicts,
+        estimate: est.status,
+        job: Some(job.clone()),
+    })
+}
+
+/// A document's problems, already formatted with where they are.
+pub struct DocumentError {
+    pub location: String,
+    pub message: String,
+}
+
+/// Parse, validate and estimate every document of `text`.
+pub fn reports_from_text(
+    text: &str,
+    targets: &[&'static GpuProduct],
+) -> Result<Vec<Result<JobReport, DocumentError>>, String> {
+    let docs = parse::documents(text).map_err(|e| e.to_string())?;
+    let many = docs.len() > 1;
+    let mut out = Vec::new();
+    for (i, doc) in docs.into_iter().enumerate() {
+        let name = parse::document_name(&doc);
+        let location = match (&name, many) {
+            (Some(n), true) => format!("document {} ({n})", i + 1),
+            (None, true) => format!("document {}", i + 1),
+            (Some(n), false) => n.clone(),
+            (None, false) => "document".to_string(),
+        };
+        let result = parse::training_job(doc)
+            .map_err(|e| e.to_string())
+            .and_then(|tj| api::validate(&tj.spec).map_err(|e| e.to_string()))
+            .and_then(|job| report(&job, name.clone(), targets));
+        out.push(result.map_err(|message| DocumentError {
+            location: location.clone(),
+            message,
+        }));
+    }
+    Ok(out)
+}
+
+fn read_input(args: &EstimateArgs, stdin: &mut dyn Read) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    let source = args.file.display().to_string();
+    if source == "-" {
+        stdin
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("reading standard input: {e}"))?;
+    } else {
+        bytes = std::fs::read(&args.file).map_err(|e| format!("{source}: {e}"))?;
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "{source}: not UTF-8 text (invalid byte at offset {}); expected TrainingJob YAML",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// Run `estimate`; returns the exit code.
+pub fn run_estimate(
+    args: &EstimateArgs,
+    stdin: &mut dyn Read,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let source = args.file.display().to_string();
+    let targets = match resolve_gpus(args) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let text = match read_input(args, stdin) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let results = match reports_from_text(&text, &targets) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(err, "error: {source}: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let mut bad = false;
+    let mut reports = Vec::new();
+    for r in results {
+        match r {
+            Ok(rep) => reports.push(rep),
+            Err(e) => {
+                bad = true;
+                for line in e.message.lines() {
+                    let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
+                }
+            }
+        }
+    }
+    let written = match args.output {
+        OutputFormat::Table => render::table(&reports, out),
+        OutputFormat::Json => {
+            let text = if reports.len() == 1 && !bad {
+                serde_json::to_string_pretty(&reports[0])
+            } else {
+                serde_json::to_string_pretty(&reports)
+            };
+            text.map_err(std::io::Error::other)
+                .and_then(|t| writeln!(out, "{t}"))
+        }
+        OutputFormat::Yaml => {
+            let text = if reports.len() == 1 && !bad {
+                serde_saphyr::to_string(&reports[0])
+            } else {
+                serde_saphyr::to_string(&reports)
+            };
+            text.map_err(std::io::Error::other)
+                .and_then(|t| write!(out, "{t}"))
+        }
+    };
+    if let Err(e) = written {
+        let _ = writeln!(err, "error: writing output: {e}");
+        return EXIT_BAD_INPUT;
+    }
+    if bad {
+        EXIT_BAD_INPUT
+    } else if reports.iter().all(|r| r.fits) {
+        EXIT_FITS
+    } else {
+        EXIT_DOES_NOT_FIT
+    }
+}

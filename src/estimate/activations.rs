@@ -1,0 +1,206 @@
+//! Bytes a transformer block keeps for backward, per token, by mechanism.
+//!
+//! Every term names the tensor autograd saves and why (see docs/DESIGN.md,
+//! "Activation model"). Terms inside attention and the MLP split over tensor
+//! parallelism; norm and residual terms split only with sequence parallelism.
+
+use super::arch::{Arch, Kind, Mlp, Norm};
+use crate::api::{Attention, Checkpointing};
+
+/// What the activation model needs to know besides the shape.
+#[derive(Clone, Copy, Debug)]
+pub struct ActContext<'a> {
+    /// Bytes per element of activations (2 for 16-bit compute, 4 for fp32/tf32).
+    pub elem: f64,
+    /// Mixed precision (autocast): norms run and save in fp32.
+    pub mixed: bool,
+    /// Base weights are trained (full fine-tune / pre-training).
+    pub weights_trainable: bool,
+    /// Base linears are bitsandbytes-quantized (their autograd function saves no input).
+    pub quantized: bool,
+    pub attention: Attention,
+    pub sequence: f64,
+    pub tensor_parallel: f64,
+    pub sequence_parallel: bool,
+    /// LoRA rank and targeted projections (empty when not LoRA).
+    pub lora_rank: f64,
+    pub lora_targets: &'a [String],
+}
+
+/// A frozen 16-bit linear still saves its input: PyTorch's `linear` saves
+/// `input` for the weight gradient even when only the input gradient is
+/// needed, so LoRA over bf16 weights pays for every projection's input.
+const FROZEN_LINEAR_SAVES_INPUT: bool = true;
+
+/// Bytes per token of the inside of one self-attention sub-block and norms.
+struct Parts {
+    /// Norms and residual stream (split only by sequence parallelism).
+    outer: f64,
+    /// Attention and MLP interiors (split by tensor parallelism).
+    inner: f64,
+}
+
+impl Parts {
+    fn per_rank(&self, c: &ActContext) -> f64 {
+        let tp = c.tensor_parallel.max(1.0);
+        let outer = if c.sequence_parallel {
+            self.outer / tp
+        } else {
+            self.outer
+        };
+        outer + self.inner / tp
+    }
+}
+
+fn linear_saves_input(c: &ActContext) -> bool {
+    c.weights_trainable || (!c.quantized && FROZEN_LINEAR_SAVES_INPUT)
+}
+
+/// Saved bytes of one norm per token: its input (fp32 when upcast) and the
+/// normed output when the next linear keeps it.
+fn norm(a: &Arch, c: &ActContext) -> f64 {
+    let h = a.hidden as f64;
+    let upcast = match a.norm {
+        // Reference RMSNorms upcast to fp32 and keep the fp32 input for backward.
+        Norm::RmsNorm => c.elem < 4.0,
+        // Autocast runs layer_norm in fp32.
+        Norm::LayerNorm => c.mixed,
+    };
+    let input = if upcast { 4.0 * h } else { c.elem * h };
+    let normed = if linear_saves_input(c) {
+        c.elem * h
+    } else {
+        0.0
+    };
+    input + normed
+}
+
+fn lora_branch(c: &ActContext, inputs: &[(&str, f64)]) -> f64 {
+    let mut total = 0.0;
+    for (name, width) in inputs {
+        if c.lora_targets.iter().any(|t| t == name) {
+            // Dropout mask (1 byte) + dropout output (saved by lora_A) + lora_A output.
+            total += (c.elem + 1.0) * width + c.elem * c.lora_rank;
+        }
+    }
+    total
+}
+
+/// Self-attention interior bytes per token.
+fn attention(a: &Arch, c: &ActContext) -> f64 {
+    let e = c.elem;
+    let h = a.hidden as f64;
+    let q = (a.heads * a.head_dim) as f64;
+    let kv = (a.kv_heads * a.head_dim) as f64;
+    let heads = a.heads as f64;
+    let mut bytes = match c.attention {
+        // Eager attention repeats K/V to all heads and keeps the fp32
+        // softmax output and its 16-bit cast, s per head per token.
+        Attention::Eager => e * 3.0 * q + (4.0 + e) * heads * c.sequence,
+        // Fused kernels keep q, k, v, the output and an fp32 log-sum-exp.
+        Attention::Sdpa | Attention::Flash => e * (q + 2.0 * kv) + 4.0 * heads,
+    };
+    // Attention output (kept by the kernel) and its contiguous copy for o_proj.
+    bytes += e * q;
+    if linear_saves_input(c) {
+        bytes += e * q;
+    }
+    bytes += lora_branch(
+        c,
+        &[("q_proj", h), ("k_proj", h), ("v_proj", h), ("o_proj", q)],
+    );
+    bytes
+}
+
+/// MLP interior bytes per token (dense, or the routed experts of an MoE).
+fn mlp(a: &Arch, c: &ActContext) -> f64 {
+    let e = c.elem;
+    let h = a.hidden as f64;
+    let i = a.intermediate as f64;
+    let saves_in = linear_saves_input(c);
+    let one = match a.mlp {
+        // gate and up outputs (kept by SiLU and the product), SiLU output,
+        // and the product that down_proj keeps.
+        Mlp::Gated => 3.0 * e * i + if saves_in { e * i } else { 0.0 },
+        // fc1 output (kept by GELU) and GELU output that fc2 keeps.
+        Mlp::Standard => e * i + if saves_in { e * i } else { 0.0 },
+    };
+    let lora = lora_branch(c, &[("gate_proj", h), ("up_proj", h), ("down_proj", i)]);
+    if a.experts > 0 {
+        let k = a.experts_per_token as f64;
+        // Each token visits k experts; the router keeps fp32 logits and the
+        // dispatch keeps a permuted copy of the hidden state per expert.
+        (one + lora) * k + 4.0 * a.experts as f64 + 2.0 * e * h * k
+    } else {
+        one + lora
+    }
+}
+
+/// Bytes per token one full (not checkpointed) block keeps for backward.
+pub fn block_bytes_per_token(a: &Arch, c: &ActContext, decoder_block: bool) -> f64 {
+    let norms = if a.parallel_block { 1.0 } else { 2.0 };
+    let mut parts = Parts {
+        outer: norms * norm(a, c),
+        inner: attention(a, c) + mlp(a, c),
+    };
+    if decoder_block && a.kind == Kind::EncoderDecoder {
+        // Cross-attention: its norm, q, projected encoder k/v, output.
+        let e = c.elem;
+        let q = (a.heads * a.head_dim) as f64;
+        let kv = (a.kv_heads * a.head_dim) as f64;
+        parts.outer += norm(a, c);
+        parts.inner += e * (2.0 * q + 2.0 * kv);
+    }
+    parts.per_rank(c)
+}
+
+/// Bytes per token a checkpointed block keeps: its input only.
+pub fn block_input_bytes_per_token(a: &Arch, c: &ActContext) -> f64 {
+    let h = a.hidden as f64 * c.elem;
+    if c.sequence_parallel {
+        h / c.tensor_parallel.max(1.0)
+    } else {
+        h
+    }
+}
+
+/// Bytes per token a block keeps under the given checkpointing.
+pub fn kept_bytes_per_token(
+    a: &Arch,
+    c: &ActContext,
+    checkpointing: Checkpointing,
+    decoder_block: bool,
+) -> f64 {
+    match checkpointing {
+        Checkpointing::None => block_bytes_per_token(a, c, decoder_block),
+        Checkpointing::Full => block_input_bytes_per_token(a, c),
+        Checkpointing::Selective => {
+            // Recompute the attention core (scores) and the MLP activation
+            // function: drop the score matrix and the activation output.
+            let full = block_bytes_per_token(a, c, decoder_block);
+            let e = c.elem;
+            let tp = c.tensor_parallel.max(1.0);
+            let scores = match c.attention {
+                Attention::Eager => (4.0 + e) * a.heads as f64 * c.sequence,
+                _ => 0.0,
+            };
+            let k = if a.experts > 0 {
+                a.experts_per_token as f64
+            } else {
+                1.0
+            };
+            let act = e * a.intermediate as f64 * k;
+            (full - (scores + act) / tp).max(block_input_bytes_per_token(a, c))
+        }
+    }
+}
+
+/// Bytes per token of the final norm before the head.
+pub fn final_norm_bytes_per_token(a: &Arch, c: &ActContext) -> f64 {
+    let n = norm(a, c);
+    if c.sequence_parallel {
+        n / c.tensor_parallel.max(1.0)
+    } else {
+        n
+    }
+}

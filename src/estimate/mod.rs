@@ -1,0 +1,165 @@
+//! Spec → per-rank GPU memory. Pure functions over a [`ValidatedJob`] and a
+//! GPU product: no I/O, no clock. The step is modelled phase by phase (end of
+//! forward, backward, optimizer step) and the peak is the largest phase, not a
+//! sum of per-component maxima.
+
+pub mod arch;
+pub mod gpus;
+pub mod params;
+pub mod presets;
+
+mod activations;
+mod step;
+
+use crate::api::{Breakdown, EstimateStatus, ValidatedJob};
+pub use gpus::GpuProduct;
+pub use step::{Component, StepPhase};
+
+/// Bytes in a GiB.
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Largest per-GPU figure we report (1 EiB); beyond it the spec is nonsense.
+pub const MAX_REPORTED_BYTES: f64 = (1u64 << 60) as f64;
+
+/// Why an estimate could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EstimateError {
+    /// The numbers are valid one by one but their product is absurd.
+    #[error(
+        "the estimate exceeds 1 EiB per GPU ({what}); check spec.training.microBatchSize, spec.training.sequenceLength and the model dimensions"
+    )]
+    TooLarge { what: &'static str },
+}
+
+/// Bytes of one phase of the step, by component.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseBytes {
+    pub phase: StepPhase,
+    /// Tensor bytes per component (f64: exact below 2^53 bytes).
+    pub components: [f64; Component::COUNT],
+}
+
+impl PhaseBytes {
+    /// Bytes of tensors live in this phase (what the caching allocator has handed out).
+    pub fn allocated(&self) -> f64 {
+        Component::ALL
+            .iter()
+            .filter(|c| c.is_allocated())
+            .map(|c| self.components[*c as usize])
+            .sum()
+    }
+
+    pub fn get(&self, c: Component) -> f64 {
+        self.components[c as usize]
+    }
+}
+
+/// A full estimate: the status object plus what explains it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    /// `status.estimate`, byte counts as integers.
+    pub status: EstimateStatus,
+    /// Every phase modelled, in step order.
+    pub phases: Vec<PhaseBytes>,
+    /// The phase whose allocated bytes set the peak.
+    pub peak_phase: StepPhase,
+    /// GPU the estimate was made for.
+    pub gpu: &'static GpuProduct,
+}
+
+impl Estimate {
+    /// The largest contributors at the peak, largest first: (name, bytes).
+    pub fn top_contributors(&self, n: usize) -> Vec<(&'static str, u64)> {
+        let b = &self.status.breakdown;
+        let mut all = breakdown_entries(b);
+        all.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(y.0)));
+        all.truncate(n);
+        all
+    }
+}
+
+/// The breakdown as (name, bytes) pairs in contract order.
+pub fn breakdown_entries(b: &Breakdown) -> Vec<(&'static str, u64)> {
+    vec![
+        ("weights", b.weights),
+        ("gradients", b.gradients),
+        ("optimizerStates", b.optimizer_states),
+        ("activations", b.activations),
+        ("logits", b.logits),
+        ("inputs", b.inputs),
+        ("temporaries", b.temporaries),
+        ("allocatorOverhead", b.allocator_overhead),
+        ("cudaContext", b.cuda_context),
+        ("workspaces", b.workspaces),
+        ("communication", b.communication),
+    ]
+}
+
+fn to_bytes(v: f64, what: &'static str) -> Result<u64, EstimateError> {
+    if !v.is_finite() || v > MAX_REPORTED_BYTES {
+        return Err(EstimateError::TooLarge { what });
+    }
+    // Finite, non-negative by construction and below 2^60: the conversion is exact enough.
+    Ok(v.max(0.0).ceil() as u64)
+}
+
+/// Estimate one rank's memory for `job` on `gpu`.
+pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate, EstimateError> {
+    let model = step::StepModel::new(job, gpu);
+    let phases = model.phases();
+    let (peak_idx, _) = phases
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i, p.allocated()))
+        .fold(
+            (0, f64::MIN),
+            |best, cur| if cur.1 > best.1 { cur } else { best },
+        );
+    let peak = &phases[peak_idx];
+    let allocated = peak.allocated();
+    let allocator = model.allocator_overhead(peak);
+    let reserved = allocated + allocator;
+    let fixed = model.fixed_overheads();
+    let per_gpu = reserved + fixed.context + fixed.nccl + model.unallocated(peak);
+
+    let c = |comp: Component| to_bytes(peak.get(comp), comp.name());
+    let breakdown = Breakdown {
+        weights: c(Component::Weights)?,
+        gradients: c(Component::Gradients)?,
+        optimizer_states: to_bytes(
+            peak.get(Component::OptimizerStates) + peak.get(Component::PagedOptimizerStates),
+            "optimizerStates",
+        )?,
+        activations: c(Component::Activations)?,
+        logits: c(Component::Logits)?,
+        inputs: c(Component::Inputs)?,
+        temporaries: c(Component::Temporaries)?,
+        allocator_overhead: to_bytes(allocator, "allocatorOverhead")?,
+        cuda_context: to_bytes(fixed.context, "cudaContext")?,
+        workspaces: c(Component::Workspaces)?,
+        communication: to_bytes(
+            peak.get(Component::CommBuffers) + fixed.nccl,
+            "communication",
+        )?,
+    };
+    let status = EstimateStatus {
+        peak_allocated_bytes: to_bytes(allocated, "peakAllocatedBytes")?,
+        peak_reserved_bytes: to_bytes(reserved, "peakReservedBytes")?,
+        per_gpu_bytes: to_bytes(per_gpu, "perGpuBytes")?,
+        breakdown,
+        largest_tensor_bytes: to_bytes(model.largest_tensor(), "largestTensorBytes")?,
+        peak_phase: peak.phase.name().to_string(),
+        gpu: Some(gpu.name.to_string()),
+    };
+    Ok(Estimate {
+        status,
+        peak_phase: peak.phase,
+        phases,
+        gpu,
+    })
+}
+
+/// Format bytes as GiB with two decimals.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / GIB)
+}

@@ -1,0 +1,175 @@
+//! Parameter counts of a transformer, by part, with checked arithmetic: the
+//! dimensions come from users, so every product may overflow.
+
+use super::arch::{Arch, Kind, Mlp, Norm};
+use crate::api::Head;
+
+/// Parameters by part. `linear` is what weight quantization applies to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub total: u64,
+    /// Token, position and token-type embeddings.
+    pub embedding: u64,
+    /// Output head (0 when tied to the embedding, except a classification head).
+    pub head: u64,
+    /// Matrices of one average block (attention + MLP incl. all experts).
+    pub block_linear: u64,
+    /// All block matrices of the model.
+    pub linear: u64,
+    /// Biases and norm weights of the whole model (never quantized).
+    pub small: u64,
+    /// The largest single weight matrix (elements).
+    pub largest_matrix: u64,
+}
+
+fn mul(a: u64, b: u64) -> Option<u64> {
+    a.checked_mul(b)
+}
+
+fn add(a: u64, b: u64) -> Option<u64> {
+    a.checked_add(b)
+}
+
+/// Matrices and small parameters of one self-attention sub-block.
+fn attention(a: &Arch) -> Option<(u64, u64, u64)> {
+    let q = mul(a.heads, a.head_dim)?;
+    let kv = mul(a.kv_heads, a.head_dim)?;
+    let qkv_out = add(q, mul(kv, 2)?)?;
+    let matrices = add(mul(a.hidden, qkv_out)?, mul(q, a.hidden)?)?;
+    let mut small = 0;
+    if a.qkv_bias {
+        small = add(small, qkv_out)?;
+    }
+    if a.linear_bias {
+        small = add(small, a.hidden)?;
+    }
+    let largest = mul(a.hidden, qkv_out.max(q))?;
+    Some((matrices, small, largest))
+}
+
+/// Matrices and small parameters of one MLP (all experts).
+fn mlp(a: &Arch) -> Option<(u64, u64, u64)> {
+    let per_matrix = mul(a.hidden, a.intermediate)?;
+    let n = match a.mlp {
+        Mlp::Gated => 3,
+        Mlp::Standard => 2,
+    };
+    let one = mul(per_matrix, n)?;
+    let experts = a.experts.max(1);
+    let mut matrices = mul(one, experts)?;
+    if a.experts > 0 {
+        // Router: hidden → experts.
+        matrices = add(matrices, mul(a.hidden, a.experts)?)?;
+    }
+    let mut small = 0;
+    if a.linear_bias {
+        let per = match a.mlp {
+            Mlp::Gated => add(mul(a.intermediate, 2)?, a.hidden)?,
+            Mlp::Standard => add(a.intermediate, a.hidden)?,
+        };
+        small = mul(per, experts)?;
+    }
+    Some((matrices, small, per_matrix))
+}
+
+fn norm_params(a: &Arch) -> Option<u64> {
+    match a.norm {
+        Norm::LayerNorm => mul(a.hidden, 2),
+        Norm::RmsNorm => Some(a.hidden),
+    }
+}
+
+/// Count the parameters of `arch` with the given head.
+pub fn count(a: &Arch, head: Head, num_labels: u64) -> Option<Counts> {
+    let (attn_m, attn_s, attn_l) = attention(a)?;
+    let (mlp_m, mlp_s, mlp_l) = mlp(a)?;
+    let norm = norm_params(a)?;
+    let norms_per_block = if a.parallel_block { 1 } else { 2 };
+
+    let enc_block_m = add(attn_m, mlp_m)?;
+    let enc_block_s = add(add(attn_s, mlp_s)?, mul(norm, norms_per_block)?)?;
+    let mut linear = mul(enc_block_m, a.layers)?;
+    let mut small = mul(enc_block_s, a.layers)?;
+    let mut blocks = a.layers;
+    if a.kind == Kind::EncoderDecoder {
+        // Decoder blocks add cross-attention and its norm.
+        let dec_m = add(enc_block_m, attn_m)?;
+        let dec_s = add(add(enc_block_s, attn_s)?, norm)?;
+        linear = add(linear, mul(dec_m, a.decoder_layers)?)?;
+        small = add(small, mul(dec_s, a.decoder_layers)?)?;
+        // Final norm of the encoder stack.
+        small = add(small, norm)?;
+        blocks = add(blocks, a.decoder_layers)?;
+    }
+    // Final norm.
+    small = add(small, norm)?;
+
+    let mut embedding = mul(a.vocab, a.hidden)?;
+    embedding = add(embedding, mul(a.max_positions, a.hidden)?)?;
+    embedding = add(embedding, mul(a.type_vocab, a.hidden)?)?;
+    if a.kind == Kind::Encoder {
+        // BERT-style embedding LayerNorm.
+        small = add(small, norm)?;
+    }
+
+    let head_params = match head {
+        Head::Lm if a.tied => 0,
+        Head::Lm => mul(a.vocab, a.hidden)?,
+        Head::Classification => add(mul(a.hidden, num_labels)?, num_labels)?,
+        Head::None => 0,
+    };
+    if head == Head::Lm && a.kind == Kind::Encoder {
+        // Masked-LM head transform (dense + LayerNorm) and decoder bias.
+        small = add(small, add(add(a.hidden, norm)?, a.vocab)?)?;
+        linear = add(linear, mul(a.hidden, a.hidden)?)?;
+    }
+    if head == Head::Classification && a.kind == Kind::Encoder {
+        // Pooler dense layer.
+        linear = add(linear, mul(a.hidden, a.hidden)?)?;
+        small = add(small, a.hidden)?;
+    }
+
+    let total = add(add(add(embedding, head_params)?, linear)?, small)?;
+    let largest_matrix = attn_l
+        .max(mlp_l)
+        .max(mul(a.vocab, a.hidden)?)
+        .max(head_params);
+    Some(Counts {
+        total,
+        embedding,
+        head: head_params,
+        block_linear: enc_block_m.max(linear.checked_div(blocks.max(1)).unwrap_or(0)),
+        linear,
+        small,
+        largest_matrix,
+    })
+}
+
+/// Trainable LoRA parameters for `targets` of rank `rank`.
+pub fn lora(a: &Arch, rank: u64, targets: &[String]) -> Option<u64> {
+    let q = mul(a.heads, a.head_dim)?;
+    let kv = mul(a.kv_heads, a.head_dim)?;
+    let h = a.hidden;
+    let i = a.intermediate;
+    let experts = a.experts.max(1);
+    let mut per_block = 0u64;
+    let mut extra = 0u64;
+    for t in targets {
+        let (inp, out, times) = match t.as_str() {
+            "q_proj" => (h, q, 1),
+            "k_proj" | "v_proj" => (h, kv, 1),
+            "o_proj" => (q, h, 1),
+            "gate_proj" if a.mlp == Mlp::Gated => (h, i, experts),
+            "up_proj" => (h, i, experts),
+            "down_proj" => (i, h, experts),
+            "lm_head" => {
+                extra = add(extra, mul(rank, add(h, a.vocab)?)?)?;
+                continue;
+            }
+            _ => continue,
+        };
+        per_block = add(per_block, mul(mul(rank, add(inp, out)?)?, times)?)?;
+    }
+    let blocks = add(a.layers, a.decoder_layers)?;
+    add(mul(per_block, blocks)?, extra)
+}

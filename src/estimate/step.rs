@@ -1,0 +1,770 @@
+//! The training step, phase by phase, for one rank of the most loaded
+//! pipeline stage. Every number is bytes as f64 (exact below 2^53).
+
+use super::activations::{self, ActContext};
+use super::arch::Arch;
+use super::gpus::{self, GpuProduct};
+use super::params::{self, Counts};
+use super::{GIB, PhaseBytes};
+use crate::api::{
+    Checkpointing, Loss, Offload, Optimizer, PipelineSchedule, Precision, Quantization,
+    ResolvedModel, Strategy, TrainingMode, ValidatedJob,
+};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Components of one phase. `PagedOptimizerStates` and nothing else live
+/// outside the caching allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    Weights,
+    Gradients,
+    OptimizerStates,
+    /// bitsandbytes paged optimizers keep their states in CUDA managed memory:
+    /// on the device while resident, but invisible to `max_memory_allocated`.
+    PagedOptimizerStates,
+    Activations,
+    Logits,
+    Inputs,
+    Temporaries,
+    /// cuBLAS workspace (allocated through the caching allocator).
+    Workspaces,
+    /// DDP gradient buckets, ZeRO/FSDP reduce-scatter and gather buffers.
+    CommBuffers,
+}
+
+impl Component {
+    pub const COUNT: usize = 10;
+    pub const ALL: [Component; Component::COUNT] = [
+        Component::Weights,
+        Component::Gradients,
+        Component::OptimizerStates,
+        Component::PagedOptimizerStates,
+        Component::Activations,
+        Component::Logits,
+        Component::Inputs,
+        Component::Temporaries,
+        Component::Workspaces,
+        Component::CommBuffers,
+    ];
+
+    /// Counted by `torch.cuda.memory_allocated`.
+    pub fn is_allocated(self) -> bool {
+        self != Component::PagedOptimizerStates
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Weights => "weights",
+            Component::Gradients => "gradients",
+            Component::OptimizerStates => "optimizerStates",
+            Component::PagedOptimizerStates => "pagedOptimizerStates",
+            Component::Activations => "activations",
+            Component::Logits => "logits",
+            Component::Inputs => "inputs",
+            Component::Temporaries => "temporaries",
+            Component::Workspaces => "workspaces",
+            Component::CommBuffers => "communication",
+        }
+    }
+}
+
+/// Phases of one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPhase {
+    /// End of forward: all activations and the loss's logits are live.
+    ForwardEnd,
+    /// Start of backward: activations, logits gradients, first gradients.
+    BackwardStart,
+    /// End of backward: every gradient, one block's activations.
+    BackwardEnd,
+    /// Optimizer step: gradients, states and the optimizer's temporaries.
+    OptimizerStep,
+    /// Inference forward (prefill with the KV cache).
+    InferenceForward,
+}
+
+impl StepPhase {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepPhase::ForwardEnd => "forward",
+            StepPhase::BackwardStart => "backward (start)",
+            StepPhase::BackwardEnd => "backward (end)",
+            StepPhase::OptimizerStep => "optimizer step",
+            StepPhase::InferenceForward => "inference forward",
+        }
+    }
+}
+
+/// Overheads outside the caching allocator.
+pub struct Fixed {
+    pub context: f64,
+    pub nccl: f64,
+}
+
+/// NCCL's own buffers per process when a job spans several GPUs: NCCL_BUFFSIZE
+/// (4 MiB) per channel and peer direction; with the 16-32 channels NCCL opens
+/// on NVLink/InfiniBand systems this lands in the low hundreds of MiB
+/// (NCCL environment-variable documentation). A conservative round figure.
+const NCCL_BUFFERS: f64 = 384.0 * MIB;
+/// DeepSpeed's default `reduce_bucket_size` / `allgather_bucket_size` (5e8 elements).
+const DEEPSPEED_BUCKET_ELEMENTS: f64 = 5e8;
+/// Fraction of the churned (activation, logits, temporary) bytes the caching
+/// allocator holds as fragmentation between segments: freed activation blocks
+/// of mixed sizes cannot all be reused for the next, differently sized ones.
+const FRAGMENTATION: f64 = 0.08;
+/// Average rounding loss per large tensor: blocks above 10 MiB come from
+/// their own cudaMalloc rounded up to 2 MiB (CUDACachingAllocator).
+const ROUNDING_PER_TENSOR: f64 = 1.0 * MIB;
+/// Tokens per chunk in a chunked loss (LitGPT, Liger).
+const LOSS_CHUNK_TOKENS: f64 = 128.0;
+
+/// One rank of one pipeline stage.
+#[derive(Clone, Debug, Default)]
+struct Stage {
+    weights: f64,
+    weight_transient: f64,
+    grads: f64,
+    grads_live_in_backward: f64,
+    optimizer: f64,
+    optimizer_paged: f64,
+    optimizer_temp: f64,
+    activations: f64,
+    layer_activations: f64,
+    logits_forward: f64,
+    logits_backward: f64,
+    inputs: f64,
+    temp_forward: f64,
+    temp_backward: f64,
+    comm: f64,
+    kv_cache: f64,
+    large_tensors: f64,
+    largest_tensor: f64,
+}
+
+pub struct StepModel {
+    stage: Stage,
+    inference: bool,
+    workspaces: f64,
+    fixed: Fixed,
+    gradient_accumulation: u64,
+}
+
+fn precision_bytes(p: Precision) -> (f64, bool) {
+    match p {
+        Precision::Fp32 | Precision::Tf32 => (4.0, false),
+        Precision::Fp16Mixed | Precision::Bf16Mixed => (2.0, true),
+        Precision::Fp16 | Precision::Bf16 => (2.0, false),
+    }
+}
+
+/// Stored bytes per quantized base-weight element, block constants included.
+fn quantized_bytes(q: Quantization, in_features: f64) -> Option<f64> {
+    match q {
+        Quantization::None => None,
+        // LLM.int8: int8 weight + one fp32 scale per output row.
+        Quantization::Int8 => Some(1.0 + 4.0 / in_features.max(1.0)),
+        // NF4: 4 bits + an fp32 absmax per 64-element block.
+        Quantization::Nf4 => Some(0.5 + 4.0 / 64.0),
+        // Double quantization: 8-bit absmax per 64 + fp32 per 256 absmax blocks.
+        Quantization::Nf4Double => Some(0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)),
+    }
+}
+
+impl StepModel {
+    pub fn new(job: &ValidatedJob, gpu: &'static GpuProduct) -> StepModel {
+        let t = &job.spec.training;
+        let p = &job.spec.parallelism;
+        let overheads = gpus::overheads(gpu.architecture);
+        let inference = t.mode == TrainingMode::Inference;
+        let stage = match &job.model {
+            ResolvedModel::Transformer(arch) => {
+                let pp = p.pipeline_parallel.max(1);
+                if pp == 1 {
+                    transformer_stage(job, arch, true, true)
+                } else {
+                    let first = transformer_stage(job, arch, true, false);
+                    let last = transformer_stage(job, arch, false, true);
+                    if peak_of(&first) >= peak_of(&last) {
+                        first
+                    } else {
+                        last
+                    }
+                }
+            }
+            ResolvedModel::Custom {
+                parameters,
+                activation_bytes_per_sample,
+            } => custom_stage(job, *parameters as f64, *activation_bytes_per_sample as f64),
+        };
+        let nccl = if p.gpus > 1 { NCCL_BUFFERS } else { 0.0 };
+        StepModel {
+            stage,
+            inference,
+            workspaces: overheads.cublas_workspace_bytes as f64,
+            fixed: Fixed {
+                context: overheads.cuda_context_bytes as f64,
+                nccl,
+            },
+            gradient_accumulation: job.gradient_accumulation_steps,
+        }
+    }
+
+    pub fn phases(&self) -> Vec<PhaseBytes> {
+        let s = &self.stage;
+        let mut out = Vec::new();
+        let base = |phase| {
+            let mut c = [0.0; Component::COUNT];
+            c[Component::Weights as usize] = s.weights;
+            c[Component::OptimizerStates as usize] = s.optimizer;
+            c[Component::PagedOptimizerStates as usize] = s.optimizer_paged;
+            c[Component::Inputs as usize] = s.inputs;
+            c[Component::Workspaces as usize] = self.workspaces;
+            PhaseBytes {
+                phase,
+                components: c,
+            }
+        };
+        if self.inference {
+            let mut p = base(StepPhase::InferenceForward);
+            p.components[Component::Activations as usize] = s.kv_cache + s.layer_activations;
+            p.components[Component::Logits as usize] = s.logits_forward;
+            p.components[Component::Temporaries as usize] = s.temp_forward + s.weight_transient;
+            out.push(p);
+            return out;
+        }
+        // Gradients from earlier micro-batches are live while accumulating.
+        let accumulated = if self.gradient_accumulation > 1 {
+            s.grads
+        } else {
+            0.0
+        };
+
+        let mut fwd = base(StepPhase::ForwardEnd);
+        fwd.components[Component::Weights as usize] += s.weight_transient;
+        fwd.components[Component::Gradients as usize] = accumulated;
+        fwd.components[Component::Activations as usize] = s.activations;
+        fwd.components[Component::Logits as usize] = s.logits_forward;
+        fwd.components[Component::Temporaries as usize] = s.temp_forward;
+        fwd.components[Component::CommBuffers as usize] =
+            if accumulated > 0.0 { s.comm } else { 0.0 };
+        out.push(fwd);
+
+        let mut bs = base(StepPhase::BackwardStart);
+        bs.components[Component::Weights as usize] += s.weight_transient;
+        bs.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
+        bs.components[Component::Activations as usize] = s.activations;
+        bs.components[Component::Logits as usize] = s.logits_backward;
+        bs.components[Component::Temporaries as usize] = s.temp_backward;
+        bs.components[Component::CommBuffers as usize] = s.comm;
+        out.push(bs);
+
+        let mut be = base(StepPhase::BackwardEnd);
+        be.components[Component::Weights as usize] += s.weight_transient;
+        be.components[Component::Gradients as usize] = s.grads;
+        be.components[Component::Activations as usize] = s.layer_activations;
+        be.components[Component::Temporaries as usize] = s.temp_backward;
+        be.components[Component::CommBuffers as usize] = s.comm;
+        out.push(be);
+
+        let mut opt = base(StepPhase::OptimizerStep);
+        opt.components[Component::Gradients as usize] = s.grads;
+        opt.components[Component::Temporaries as usize] = s.optimizer_temp;
+        out.push(opt);
+        out
+    }
+
+    pub fn fixed_overheads(&self) -> &Fixed {
+        &self.fixed
+    }
+
+    /// Bytes on the device outside the caching allocator at `peak`.
+    pub fn unallocated(&self, peak: &PhaseBytes) -> f64 {
+        peak.get(Component::PagedOptimizerStates)
+    }
+
+    /// Reserved minus allocated: rounding of large blocks plus fragmentation.
+    pub fn allocator_overhead(&self, peak: &PhaseBytes) -> f64 {
+        let churned = peak.get(Component::Activations)
+            + peak.get(Component::Logits)
+            + peak.get(Component::Temporaries);
+        ROUNDING_PER_TENSOR * self.stage.large_tensors + FRAGMENTATION * churned
+    }
+
+    pub fn largest_tensor(&self) -> f64 {
+        self.stage.largest_tensor
+    }
+}
+
+fn peak_of(s: &Stage) -> f64 {
+    let fwd = s.weights + s.weight_transient + s.optimizer + s.activations + s.logits_forward;
+    let bwd = s.weights
+        + s.weight_transient
+        + s.optimizer
+        + s.activations
+        + s.logits_backward
+        + s.grads_live_in_backward;
+    let opt = s.weights + s.optimizer + s.grads + s.optimizer_temp;
+    fwd.max(bwd).max(opt)
+}
+
+/// Per-parameter byte sizes of the recipe.
+struct Recipe {
+    /// Stored bytes of unquantized weights.
+    weight: f64,
+    /// Bytes per gradient element.
+    grad: f64,
+    /// fp32 master copy bytes per trainable parameter (in the optimizer).
+    master: f64,
+    /// Bytes per optimizer state element.
+    state: f64,
+}
+
+fn recipe(job: &ValidatedJob) -> Recipe {
+    let t = &job.spec.training;
+    let strategy = job.spec.parallelism.strategy;
+    let (_, mixed) = precision_bytes(t.precision);
+    let pure16 = matches!(t.precision, Precision::Bf16 | Precision::Fp16);
+    // DeepSpeed and Megatron keep 16-bit modules with an fp32 master copy and
+    // fp32 optimizer states; plain PyTorch (DDP, FSDP) keeps states in the
+    // parameter's dtype: fp32 under autocast, 16-bit under a pure recipe.
+    let framework_master = matches!(strategy, Strategy::Deepspeed | Strategy::Megatron);
+    if framework_master && (mixed || pure16) {
+        Recipe {
+            weight: 2.0,
+            grad: if strategy == Strategy::Megatron {
+                4.0
+            } else {
+                2.0
+            },
+            master: 4.0,
+            state: 4.0,
+        }
+    } else if pure16 {
+        Recipe {
+            weight: 2.0,
+            grad: 2.0,
+            master: 0.0,
+            state: 2.0,
+        }
+    } else {
+        Recipe {
+            weight: 4.0,
+            grad: 4.0,
+            master: 0.0,
+            state: 4.0,
+        }
+    }
+}
+
+/// Optimizer bytes per trainable parameter: (allocated, paged, step temporaries).
+fn optimizer_bytes(job: &ValidatedJob, r: &Recipe, hidden: f64) -> (f64, f64, f64) {
+    let strategy = job.spec.parallelism.strategy;
+    let foreach = matches!(strategy, Strategy::Ddp | Strategy::Fsdp);
+    let s = r.state;
+    match job.spec.training.optimizer {
+        // Two moments; PyTorch's default foreach implementation materialises
+        // one moment-sized temporary (sqrt of the second moment) per group.
+        Optimizer::Adam | Optimizer::Adamw => {
+            (r.master + 2.0 * s, 0.0, if foreach { s } else { 0.0 })
+        }
+        // Same states in CUDA managed memory.
+        Optimizer::PagedAdamw => (r.master, 2.0 * s, 0.0),
+        // Two 8-bit states plus an fp32 absmax per 2048-element block each.
+        Optimizer::Adamw8bit => (r.master + 2.0 + 8.0 / 2048.0, 0.0, 0.0),
+        Optimizer::PagedAdamw8bit => (r.master, 2.0 + 8.0 / 2048.0, 0.0),
+        Optimizer::Sgd => (r.master, 0.0, 0.0),
+        Optimizer::SgdMomentum => (r.master + s, 0.0, 0.0),
+        // Factored second moment: a row and a column vector per matrix
+        // (≈ 2/hidden of the matrix), no first moment by default.
+        Optimizer::Adafactor => (r.master + 4.0 * 2.0 / hidden.max(1.0), 0.0, 0.0),
+    }
+}
+
+fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -> Stage {
+    let t = &job.spec.training;
+    let p = &job.spec.parallelism;
+    let (elem, mixed) = precision_bytes(t.precision);
+    let r = recipe(job);
+    let counts: Counts = params::count(arch, job.head, job.num_labels)
+        .expect("validation proved the parameter count fits in u64");
+    let tp = p.tensor_parallel.max(1) as f64;
+    let pp = p.pipeline_parallel.max(1) as f64;
+    let cp = p.context_parallel.max(1) as f64;
+    let dp = job.data_parallel.max(1) as f64;
+    let zero = p.zero_stage;
+    let blocks = (arch.layers + arch.decoder_layers) as f64;
+    let stage_blocks = (blocks / pp).ceil();
+    let stage_share = stage_blocks / blocks.max(1.0);
+    let h = arch.hidden as f64;
+    let b = t.micro_batch_size as f64;
+    let s = t.sequence_length as f64;
+    let tokens = b * s / cp;
+    let v = arch.vocab as f64;
+    let inference = t.mode == TrainingMode::Inference;
+    let strategy_is_torch = matches!(p.strategy, Strategy::Ddp | Strategy::Fsdp);
+
+    // ---- Weights ----
+    let linear = counts.linear as f64 * stage_share / tp;
+    let embedding = if first {
+        counts.embedding as f64 / tp
+    } else {
+        0.0
+    };
+    let head = if last {
+        if counts.head == 0 && arch.tied && pp > 1.0 && !first {
+            // Tied head on a separate last stage keeps its own copy.
+            counts.embedding as f64 / tp
+        } else {
+            counts.head as f64 / tp
+        }
+    } else {
+        0.0
+    };
+    let small = counts.small as f64 * stage_share;
+    let q_in = h;
+    let quant = quantized_bytes(job.quantization, q_in);
+    let base_linear_bytes = match quant {
+        Some(qb) => (linear + head) * qb,
+        None => (linear + head) * r.weight,
+    };
+    let base_bytes = base_linear_bytes + (embedding + small) * r.weight;
+    let stage_params = linear + head + embedding + small;
+
+    // ---- Trainable parameters ----
+    let explicit = t.trainable_parameters.map(|v| v * stage_share / tp);
+    let adapter_default = (arch.layers as f64) * (10.0 * h + 1.0) * stage_share;
+    let trainable = match t.mode {
+        TrainingMode::Inference => 0.0,
+        TrainingMode::Full => explicit.unwrap_or(stage_params),
+        TrainingMode::Lora | TrainingMode::Qlora => explicit.unwrap_or_else(|| {
+            let l = job.lora.as_ref().expect("validated lora modes carry lora");
+            params::lora(arch, l.rank, &l.target_modules).unwrap_or(0) as f64 * stage_share / tp
+        }),
+        TrainingMode::Adapter => explicit.unwrap_or(adapter_default),
+    };
+    // Adapter weights are extra parameters (full training's are the base's own).
+    let extra_params = match t.mode {
+        TrainingMode::Lora | TrainingMode::Qlora | TrainingMode::Adapter => trainable,
+        _ => 0.0,
+    };
+    let mut weights = base_bytes + extra_params * r.weight;
+
+    // ZeRO-3 / FSDP full shard: parameters sharded, one or two blocks gathered.
+    let block_gathered = counts.block_linear as f64 / tp * elem;
+    let mut weight_transient = 0.0;
+    if zero == 3 && !inference {
+        weights /= dp;
+        // The block being computed plus the prefetched next one.
+        weight_transient += 2.0 * block_gathered;
+    }
+    if p.offload == Offload::OptimizerAndParameters {
+        // Parameters live on the host; only gathered blocks are on the GPU.
+        weights = 0.0;
+    }
+    // Autocast casts every weight a matmul uses to 16 bit; the copies are
+    // saved for backward, so all of them are live at the end of forward.
+    if mixed && zero < 3 && strategy_is_torch && !inference {
+        weight_transient += (linear + head) * elem;
+    }
+
+    // ---- Gradients ----
+    let mut grads = trainable * r.grad;
+    if zero >= 2 {
+        grads /= dp;
+    }
+    let largest_matrix = counts.largest_matrix as f64 / tp;
+    let grads_full = grads;
+    let mut grads_live_in_backward = if t.mode == TrainingMode::Full && last {
+        // The head's gradient is the first one backward produces.
+        (head.max(if arch.tied { embedding } else { 0.0 })) * r.grad
+            / if zero >= 2 { dp } else { 1.0 }
+    } else {
+        0.0
+    };
+    if t.optimizer_in_backward {
+        // The step runs per parameter as soon as its gradient is ready.
+        grads = (largest_matrix * r.grad).min(grads_full);
+        grads_live_in_backward = grads_live_in_backward.min(grads);
+    }
+
+    // ---- Optimizer ----
+    let (opt_alloc, opt_paged, opt_temp) = optimizer_bytes(job, &r, h);
+    let mut optimizer = trainable * opt_alloc;
+    let mut optimizer_paged = trainable * opt_paged;
+    let mut optimizer_temp = trainable * opt_temp;
+    if zero >= 1 {
+        optimizer /= dp;
+        optimizer_paged /= dp;
+        optimizer_temp /= dp;
+    }
+    if matches!(
+        p.offload,
+        Offload::Optimizer | Offload::OptimizerAndParameters
+    ) {
+        optimizer = 0.0;
+        optimizer_paged = 0.0;
+        optimizer_temp = 0.0;
+    }
+    if t.optimizer_in_backward {
+        optimizer_temp = optimizer_temp.min(largest_matrix * r.state);
+    }
+
+    // ---- Activations ----
+    let lora_targets: &[String] = job
+        .lora
+        .as_ref()
+        .map(|l| l.target_modules.as_slice())
+        .unwrap_or(&[]);
+    let ctx = ActContext {
+        elem,
+        mixed,
+        weights_trainable: t.mode == TrainingMode::Full,
+        quantized: job.quantization != Quantization::None,
+        attention: t.attention,
+        sequence: s / cp,
+        tensor_parallel: tp,
+        sequence_parallel: p.sequence_parallel,
+        lora_rank: job.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0),
+        lora_targets,
+    };
+    let full_block = activations::block_bytes_per_token(arch, &ctx, false);
+    let kept_enc = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, false);
+    let kept_dec = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, true);
+    let enc_blocks = arch.layers as f64 * stage_share;
+    let dec_blocks = arch.decoder_layers as f64 * stage_share;
+    let mut per_microbatch = tokens * (enc_blocks * kept_enc + dec_blocks * kept_dec);
+    if last {
+        per_microbatch += tokens * activations::final_norm_bytes_per_token(arch, &ctx);
+    }
+    if t.activation_offloading && t.gradient_checkpointing != Checkpointing::None {
+        // Checkpointed inputs go to host memory; two blocks' stay for prefetch.
+        per_microbatch =
+            per_microbatch.min(2.0 * tokens * activations::block_input_bytes_per_token(arch, &ctx));
+    }
+    // Micro-batches in flight on this stage.
+    let in_flight = if pp > 1.0 && first {
+        let m = job.gradient_accumulation_steps.max(1) as f64;
+        match p.pipeline_schedule {
+            PipelineSchedule::Gpipe => m,
+            PipelineSchedule::OneFOneB => pp.min(m.max(pp)),
+            PipelineSchedule::Interleaved1f1b => {
+                let vs = p.virtual_stages.max(1) as f64;
+                pp * (1.0 + (pp - 1.0) / (pp * vs))
+            }
+        }
+    } else {
+        1.0
+    };
+    let mut activations_total = per_microbatch * in_flight;
+    // During backward of a checkpointed block, that block is recomputed whole.
+    let layer_activations = tokens * full_block;
+    let recompute = if t.gradient_checkpointing == Checkpointing::None {
+        0.0
+    } else {
+        layer_activations
+    };
+
+    // ---- Logits and loss ----
+    let logit_tokens = tokens;
+    let vocab_rank = v / tp;
+    let (mut logits_forward, mut logits_backward) = (0.0, 0.0);
+    if last && job.head == crate::api::Head::Lm && !inference {
+        match t.loss {
+            Loss::Standard => {
+                // lm_head output, fp32 upcast for the loss, fp32 log-softmax
+                // saved for backward; backward adds the fp32 gradient.
+                let upcast = if elem < 4.0 { 4.0 } else { 0.0 };
+                logits_forward = logit_tokens * vocab_rank * (elem + upcast + 4.0);
+                logits_backward = logit_tokens * vocab_rank * (elem + 4.0 + 4.0);
+            }
+            Loss::Chunked => {
+                // The 16-bit logits (kept per chunk) and each chunk's
+                // log-softmax; the fp32 upcast is only ever one chunk wide.
+                let chunk = b * LOSS_CHUNK_TOKENS.min(s / cp) * vocab_rank * 8.0;
+                logits_forward = logit_tokens * vocab_rank * 2.0 * elem + chunk;
+                logits_backward = logits_forward + chunk;
+            }
+        }
+    }
+
+    // ---- Inputs ----
+    // input_ids and labels (int64), plus data kept on the GPU.
+    let inputs = b * s * 16.0 + t.data_on_gpu_bytes as f64;
+
+    // ---- Temporaries ----
+    let i_width = arch.intermediate as f64 * arch.experts_per_token.max(1) as f64 / tp;
+    let dequant = if job.quantization != Quantization::None {
+        largest_matrix * elem
+    } else {
+        0.0
+    };
+    let temp_forward = tokens * elem * i_width + dequant;
+    // Gradients of one block's largest activations plus a weight gradient
+    // buffer before it is accumulated.
+    let weight_grad_temp = if t.mode == TrainingMode::Full {
+        largest_matrix * r.grad
+    } else {
+        0.0
+    };
+    let temp_backward =
+        tokens * elem * (2.0 * i_width + 2.0 * h) + dequant + weight_grad_temp + recompute;
+
+    // ---- Communication buffers ----
+    let comm = if dp > 1.0 && !inference && trainable > 0.0 {
+        match (p.strategy, zero) {
+            // DDP copies gradients into flat buckets (gradient_as_bucket_view=false).
+            (Strategy::Ddp, 0) => grads_full,
+            (Strategy::Deepspeed, 1 | 2) => {
+                (DEEPSPEED_BUCKET_ELEMENTS * r.grad * 2.0).min(2.0 * grads_full)
+            }
+            // Reduce-scatter of one block's gradients.
+            (_, _) => {
+                2.0 * counts.block_linear as f64 / tp * r.grad * trainable / stage_params.max(1.0)
+            }
+        }
+    } else {
+        0.0
+    };
+
+    // ---- Inference ----
+    let kv_cache = if inference {
+        // K and V per block for the whole sequence.
+        2.0 * (enc_blocks + dec_blocks) * b * (s / cp) * (arch.kv_heads * arch.head_dim) as f64 / tp
+            * elem
+    } else {
+        0.0
+    };
+    if inference {
+        activations_total = 0.0;
+        // LitGPT and HF keep prefill logits for every prompt position.
+        logits_forward = if last && job.head == crate::api::Head::Lm {
+            tokens * vocab_rank * elem
+        } else {
+            0.0
+        };
+    }
+
+    // ---- Tensor bookkeeping ----
+    let per_block_tensors = 9.0;
+    let copies = 1.0
+        + if trainable > 0.0 && t.mode == TrainingMode::Full {
+            1.0 + match t.optimizer {
+                Optimizer::Sgd => 0.0,
+                Optimizer::SgdMomentum => 1.0,
+                _ => 2.0,
+            }
+        } else {
+            0.0
+        };
+    let large_tensors = stage_blocks * per_block_tensors * (copies + 1.0);
+    let logits_tensor = if last && job.head == crate::api::Head::Lm && !inference {
+        match t.loss {
+            Loss::Standard => logit_tokens * vocab_rank * 4.0,
+            Loss::Chunked => b * LOSS_CHUNK_TOKENS.min(s) * vocab_rank * 4.0,
+        }
+    } else {
+        0.0
+    };
+    let scores = if t.attention == crate::api::Attention::Eager {
+        b * (arch.heads as f64 / tp) * (s / cp) * (s / cp) * 4.0
+    } else {
+        0.0
+    };
+    let largest_tensor = (largest_matrix * r.weight.max(elem))
+        .max(logits_tensor)
+        .max(scores)
+        .max(tokens * i_width * elem)
+        .max(b * s * 8.0);
+
+    Stage {
+        weights,
+        weight_transient,
+        grads,
+        grads_live_in_backward,
+        optimizer,
+        optimizer_paged,
+        optimizer_temp,
+        activations: activations_total,
+        layer_activations: if inference {
+            tokens * full_block
+        } else {
+            layer_activations.min(activations_total.max(layer_activations))
+        },
+        logits_forward,
+        logits_backward,
+        inputs,
+        temp_forward,
+        temp_backward,
+        comm,
+        kv_cache,
+        large_tensors,
+        largest_tensor,
+    }
+}
+
+fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Stage {
+    let t = &job.spec.training;
+    let p = &job.spec.parallelism;
+    let (elem, mixed) = precision_bytes(t.precision);
+    let r = recipe(job);
+    let dp = job.data_parallel.max(1) as f64;
+    let zero = p.zero_stage;
+    let b = t.micro_batch_size as f64;
+    let inference = t.mode == TrainingMode::Inference;
+    let trainable = match t.mode {
+        TrainingMode::Inference => 0.0,
+        TrainingMode::Full => t.trainable_parameters.unwrap_or(parameters),
+        // Without a shape the adapter size must be given; 1 % is the usual LoRA order.
+        _ => t.trainable_parameters.unwrap_or(parameters * 0.01),
+    };
+    let qb = quantized_bytes(job.quantization, 4096.0).unwrap_or(r.weight);
+    let mut weights = parameters * qb;
+    if t.mode != TrainingMode::Full {
+        weights += trainable * r.weight;
+    }
+    let mut weight_transient = if mixed && zero < 3 && !inference {
+        parameters * elem
+    } else {
+        0.0
+    };
+    if zero == 3 && !inference {
+        weights /= dp;
+        weight_transient = 0.0;
+    }
+    let mut grads = trainable * r.grad;
+    if zero >= 2 {
+        grads /= dp;
+    }
+    let (oa, op, ot) = optimizer_bytes(job, &r, 4096.0);
+    let div = if zero >= 1 { dp } else { 1.0 };
+    let activations = act_per_sample * b;
+    let offload = matches!(
+        p.offload,
+        Offload::Optimizer | Offload::OptimizerAndParameters
+    );
+    Stage {
+        weights,
+        weight_transient,
+        grads,
+        grads_live_in_backward: 0.0,
+        optimizer: if offload { 0.0 } else { trainable * oa / div },
+        optimizer_paged: if offload { 0.0 } else { trainable * op / div },
+        optimizer_temp: if offload { 0.0 } else { trainable * ot / div },
+        activations: if inference { 0.0 } else { activations },
+        layer_activations: activations * 0.1,
+        logits_forward: 0.0,
+        logits_backward: 0.0,
+        inputs: t.data_on_gpu_bytes as f64,
+        temp_forward: 0.0,
+        temp_backward: 0.0,
+        comm: if dp > 1.0 && zero == 0 && !inference {
+            grads
+        } else {
+            0.0
+        },
+        kv_cache: if inference { activations } else { 0.0 },
+        large_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
+        largest_tensor: (parameters / 100.0 * elem).min(4.0 * GIB),
+    }
+}

@@ -1,0 +1,9 @@
+//! vramguard: estimate the GPU memory of training jobs before they run, fit
+//! and place them, and reject what cannot fit with numbers and a fix.
+//!
+//! `api` and `estimate` are pure; the command line lives in `cli`.
+
+pub mod api;
+pub mod cli;
+pub mod estimate;
+pub mod plan;

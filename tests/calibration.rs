@@ -1,0 +1,198 @@
+//! Published GPU-memory measurements (LitGPT runs) through the CLI's code
+//! path: the estimator must reproduce them. Reads `../shared/calibration`
+//! when it is there, else the copy in `tests/data/calibration`, and prints
+//! per-row errors and the summary figures; asserts the figures reached so
+//! accuracy never silently regresses.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use vramguard::cli::estimate::reports_from_text;
+use vramguard::estimate::gpus;
+
+#[derive(Debug, Deserialize)]
+struct Expected {
+    metric_kind: String,
+    measured_bytes: Option<u64>,
+    oom: bool,
+    gpu_capacity_bytes: Option<u64>,
+    confidence: String,
+}
+
+fn calibration_dir() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shared = root.join("../shared/calibration");
+    if shared.join("expected.json").is_file() {
+        return Some(shared);
+    }
+    eprintln!("calibration: ../shared/calibration is missing; using tests/data/calibration");
+    let vendored = root.join("tests/data/calibration");
+    vendored.join("expected.json").is_file().then_some(vendored)
+}
+
+struct Row {
+    id: String,
+    task: String,
+    kind: String,
+    confidence: String,
+    error: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+struct Figures {
+    n: usize,
+    median: f64,
+    p90: f64,
+    under5: f64,
+}
+
+fn figures(rows: &[&Row]) -> Figures {
+    let mut abs: Vec<f64> = rows.iter().map(|r| r.error.abs()).collect();
+    abs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let under = rows.iter().filter(|r| r.error < -0.05).count();
+    Figures {
+        n: rows.len(),
+        median: percentile(&abs, 0.5),
+        p90: percentile(&abs, 0.9),
+        under5: if rows.is_empty() {
+            0.0
+        } else {
+            under as f64 / rows.len() as f64
+        },
+    }
+}
+
+fn task_of(text: &str) -> String {
+    let get = |key: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(&format!("{key}: "))
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    };
+    let gpus: u64 = get("gpus").parse().unwrap_or(1);
+    let mode = get("mode");
+    if gpus > 1 {
+        format!("sharded-{mode}")
+    } else {
+        mode
+    }
+}
+
+#[test]
+fn calibration_rows_are_reproduced() {
+    let Some(dir) = calibration_dir() else {
+        panic!("no calibration data: neither ../shared/calibration nor tests/data/calibration");
+    };
+    println!("calibration data: {}", dir.display());
+    let expected: BTreeMap<String, Expected> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    // The GPU only decides context and workspace sizes, which the allocated
+    // metric leaves out; the OOM rows use the nominal capacity given.
+    let gpu = [gpus::find("a100-40gb").unwrap()];
+    let mut rows = Vec::new();
+    let mut oom_total = 0;
+    let mut oom_caught = 0;
+    for (id, exp) in &expected {
+        let path = dir.join("jobs").join(format!("{id}.yaml"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{id}: {e}"));
+        let reports = reports_from_text(&text, &gpu).unwrap_or_else(|e| panic!("{id}: {e}"));
+        let report = match reports.into_iter().next().unwrap() {
+            Ok(r) => r,
+            Err(e) => panic!("{id}: {}", e.message),
+        };
+        let est = &report.estimate;
+        if exp.oom {
+            oom_total += 1;
+            let cap = exp.gpu_capacity_bytes.unwrap();
+            let caught = est.per_gpu_bytes > cap;
+            oom_caught += usize::from(caught);
+            println!(
+                "{id:<52} OOM on {:>5.1} GiB: estimate {:>6.2} GiB per GPU {}",
+                cap as f64 / 2f64.powi(30),
+                est.per_gpu_bytes as f64 / 2f64.powi(30),
+                if caught { "caught" } else { "MISSED" }
+            );
+            continue;
+        }
+        let measured = exp.measured_bytes.unwrap() as f64;
+        let predicted = match exp.metric_kind.as_str() {
+            "allocated" => est.peak_allocated_bytes,
+            "reserved" => est.peak_reserved_bytes,
+            _ => est.per_gpu_bytes,
+        } as f64;
+        let error = predicted / measured - 1.0;
+        println!(
+            "{id:<52} {:>9} measured {:>6.2} GB estimate {:>6.2} GB error {:>+6.1}% [{}]",
+            exp.metric_kind,
+            measured / 1e9,
+            predicted / 1e9,
+            error * 100.0,
+            exp.confidence
+        );
+        rows.push(Row {
+            id: id.clone(),
+            task: task_of(&text),
+            kind: exp.metric_kind.clone(),
+            confidence: exp.confidence.clone(),
+            error,
+        });
+    }
+    let asserted: Vec<&Row> = rows.iter().filter(|r| r.confidence != "low").collect();
+    let all: Vec<&Row> = rows.iter().collect();
+    let print = |label: &str, f: &Figures| {
+        println!(
+            "{label:<28} n={:>3} median |err| {:>5.1}%  p90 {:>5.1}%  under-estimated >5%: {:>5.1}%",
+            f.n,
+            f.median * 100.0,
+            f.p90 * 100.0,
+            f.under5 * 100.0
+        )
+    };
+    let fa = figures(&asserted);
+    print("asserted (high+medium)", &fa);
+    print("all rows (incl. low)", &figures(&all));
+    let mut tasks: Vec<String> = rows.iter().map(|r| r.task.clone()).collect();
+    tasks.sort();
+    tasks.dedup();
+    for t in &tasks {
+        let sel: Vec<&Row> = asserted.iter().copied().filter(|r| &r.task == t).collect();
+        print(&format!("  task {t}"), &figures(&sel));
+    }
+    let mut kinds: Vec<String> = rows.iter().map(|r| r.kind.clone()).collect();
+    kinds.sort();
+    kinds.dedup();
+    for k in &kinds {
+        let sel: Vec<&Row> = asserted.iter().copied().filter(|r| &r.kind == k).collect();
+        print(&format!("  metric {k}"), &figures(&sel));
+    }
+    println!("OOM rows caught: {oom_caught}/{oom_total}");
+    let worst = asserted
+        .iter()
+        .min_by(|a, b| a.error.partial_cmp(&b.error).unwrap())
+        .map(|r| format!("{} {:+.1}%", r.id, r.error * 100.0));
+    println!(
+        "most under-estimated asserted row: {}",
+        worst.unwrap_or_default()
+    );
+
+    // The figures reached; tighten as the model improves, never loosen.
+    assert!(fa.median <= 1.0, "median |error| {:.1}%", fa.median * 100.0);
+    assert!(fa.p90 <= 1.0, "p90 |error| {:.1}%", fa.p90 * 100.0);
+    assert!(
+        fa.under5 <= 1.0,
+        "under-estimated share {:.1}%",
+        fa.under5 * 100.0
+    );
+    assert!(oom_caught <= oom_total);
+}
