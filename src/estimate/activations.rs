@@ -56,8 +56,9 @@ fn linear_saves_input(c: &ActContext) -> bool {
     c.weights_trainable || (!c.quantized && FROZEN_LINEAR_SAVES_INPUT)
 }
 
-/// Saved bytes of one norm per token: its input (fp32 when upcast) and the
-/// normed output when the next linear keeps it.
+/// Saved bytes of one norm per token: its input (fp32 when upcast), the fp32
+/// normalised tensor when the norm's weight is trained, and the normed output
+/// when the next linear keeps it.
 fn norm(a: &Arch, c: &ActContext) -> f64 {
     let h = a.hidden as f64;
     let upcast = match a.norm {
@@ -67,12 +68,25 @@ fn norm(a: &Arch, c: &ActContext) -> f64 {
         Norm::LayerNorm => c.mixed,
     };
     let input = if upcast { 4.0 * h } else { c.elem * h };
-    let normed = if linear_saves_input(c) {
+    // `x_normed * weight` in fp32 keeps x_normed for the weight's gradient.
+    let weight_grad = if upcast && c.weights_trainable && a.norm == Norm::RmsNorm {
+        4.0 * h
+    } else {
+        0.0
+    };
+    let normed = if linear_saves_input(c) && !c.quantized {
         c.elem * h
     } else {
         0.0
     };
-    input + normed
+    input + weight_grad + normed
+}
+
+/// Bytes a quantized linear keeps: bitsandbytes' Linear4bit/Linear8bitLt cast
+/// their input to the compute dtype (fp32 unless configured) and the matmul
+/// function saves that cast copy, one per linear module.
+fn quantized_input(c: &ActContext, width: f64) -> f64 {
+    if c.quantized { 4.0 * width } else { 0.0 }
 }
 
 fn lora_branch(c: &ActContext, inputs: &[(&str, f64)]) -> f64 {
@@ -97,12 +111,17 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
         // Eager attention repeats K/V to all heads and keeps the fp32
         // softmax output and its 16-bit cast, s per head per token.
         Attention::Eager => e * 3.0 * q + (4.0 + e) * heads * c.sequence,
-        // Fused kernels keep q, k, v, the output and an fp32 log-sum-exp.
-        Attention::Sdpa | Attention::Flash => e * (q + 2.0 * kv) + 4.0 * heads,
+        // PyTorch SDPA callers repeat K/V to every query head (GQA) and the
+        // kernel keeps q, k, v, the output and an fp32 log-sum-exp.
+        Attention::Sdpa => e * 3.0 * q + 4.0 * heads,
+        // FlashAttention takes grouped K/V as they are.
+        Attention::Flash => e * (q + 2.0 * kv) + 4.0 * heads,
     };
+    // Inputs of the q/k/v projections and of o_proj as quantized linears keep them.
+    bytes += quantized_input(c, h) + quantized_input(c, q);
     // Attention output (kept by the kernel) and its contiguous copy for o_proj.
     bytes += e * q;
-    if linear_saves_input(c) {
+    if linear_saves_input(c) && !c.quantized {
         bytes += e * q;
     }
     bytes += lora_branch(
@@ -117,13 +136,20 @@ fn mlp(a: &Arch, c: &ActContext) -> f64 {
     let e = c.elem;
     let h = a.hidden as f64;
     let i = a.intermediate as f64;
-    let saves_in = linear_saves_input(c);
+    let saves_in = linear_saves_input(c) && !c.quantized;
     let one = match a.mlp {
         // gate and up outputs (kept by SiLU and the product), SiLU output,
         // and the product that down_proj keeps.
-        Mlp::Gated => 3.0 * e * i + if saves_in { e * i } else { 0.0 },
+        Mlp::Gated => {
+            3.0 * e * i
+                + if saves_in { e * i } else { 0.0 }
+                + 2.0 * quantized_input(c, h)
+                + quantized_input(c, i)
+        }
         // fc1 output (kept by GELU) and GELU output that fc2 keeps.
-        Mlp::Standard => e * i + if saves_in { e * i } else { 0.0 },
+        Mlp::Standard => {
+            e * i + if saves_in { e * i } else { 0.0 } + quantized_input(c, h) + quantized_input(c, i)
+        }
     };
     let lora = lora_branch(c, &[("gate_proj", h), ("up_proj", h), ("down_proj", i)]);
     if a.experts > 0 {

@@ -124,6 +124,8 @@ const LOSS_CHUNK_TOKENS: f64 = 128.0;
 struct Stage {
     weights: f64,
     weight_transient: f64,
+    /// Gathered weights that stay unsharded through backward.
+    frozen_unsharded: f64,
     grads: f64,
     grads_live_in_backward: f64,
     optimizer: f64,
@@ -147,7 +149,8 @@ pub struct StepModel {
     inference: bool,
     workspaces: f64,
     fixed: Fixed,
-    gradient_accumulation: u64,
+    /// Known accumulation steps (None: no globalBatchSize given).
+    gradient_accumulation: Option<u64>,
 }
 
 fn precision_bytes(p: Precision) -> (f64, bool) {
@@ -206,7 +209,11 @@ impl StepModel {
                 context: overheads.cuda_context_bytes as f64,
                 nccl,
             },
-            gradient_accumulation: job.gradient_accumulation_steps,
+            gradient_accumulation: job
+                .spec
+                .training
+                .global_batch_size
+                .map(|_| job.gradient_accumulation_steps),
         }
     }
 
@@ -233,8 +240,9 @@ impl StepModel {
             out.push(p);
             return out;
         }
-        // Gradients from earlier micro-batches are live while accumulating.
-        let accumulated = if self.gradient_accumulation > 1 {
+        // Gradients from earlier micro-batches are live while accumulating;
+        // without a globalBatchSize the accumulation is unknown, so assume it.
+        let accumulated = if self.gradient_accumulation != Some(1) {
             s.grads
         } else {
             0.0
@@ -251,7 +259,7 @@ impl StepModel {
         out.push(fwd);
 
         let mut bs = base(StepPhase::BackwardStart);
-        bs.components[Component::Weights as usize] += s.weight_transient;
+        bs.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
         bs.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
         bs.components[Component::Activations as usize] = s.activations;
         bs.components[Component::Logits as usize] = s.logits_backward;
@@ -260,7 +268,7 @@ impl StepModel {
         out.push(bs);
 
         let mut be = base(StepPhase::BackwardEnd);
-        be.components[Component::Weights as usize] += s.weight_transient;
+        be.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
         be.components[Component::Gradients as usize] = s.grads;
         be.components[Component::Activations as usize] = s.layer_activations;
         be.components[Component::Temporaries as usize] = s.temp_backward;
@@ -305,7 +313,7 @@ fn peak_of(s: &Stage) -> f64 {
         + s.logits_backward
         + s.grads_live_in_backward;
     let opt = s.weights + s.optimizer + s.grads + s.optimizer_temp;
-    fwd.max(bwd).max(opt)
+    fwd.max(bwd + s.frozen_unsharded).max(opt)
 }
 
 /// Per-parameter byte sizes of the recipe.
@@ -453,10 +461,17 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     // ZeRO-3 / FSDP full shard: parameters sharded, one or two blocks gathered.
     let block_gathered = counts.block_linear as f64 / tp * elem;
     let mut weight_transient = 0.0;
+    let mut frozen_unsharded = 0.0;
     if zero == 3 && !inference {
         weights /= dp;
         // The block being computed plus the prefetched next one.
         weight_transient += 2.0 * block_gathered;
+        if t.mode != TrainingMode::Full && p.strategy == Strategy::Fsdp {
+            // FSDP reshards a unit after backward from its gradient hook; frozen
+            // units get no gradient, so they stay unsharded once backward has
+            // gathered them (16-bit copies of every frozen weight).
+            frozen_unsharded = (linear + head + embedding + small) * elem;
+        }
     }
     if p.offload == Offload::OptimizerAndParameters {
         // Parameters live on the host; only gathered blocks are on the GPU.
@@ -680,6 +695,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     Stage {
         weights,
         weight_transient,
+        frozen_unsharded,
         grads,
         grads_live_in_backward,
         optimizer,
@@ -746,6 +762,7 @@ fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Sta
     Stage {
         weights,
         weight_transient,
+        frozen_unsharded: 0.0,
         grads,
         grads_live_in_backward: 0.0,
         optimizer: if offload { 0.0 } else { trainable * oa / div },
