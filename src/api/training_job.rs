@@ -283,6 +283,9 @@ pub struct LoraSpec {
     pub rank: u64,
     #[serde(default = "default_lora_alpha")]
     pub alpha: f64,
+    /// Dropout on the adapter input (its mask and output are kept for backward); 0 turns it off.
+    #[serde(default = "default_lora_dropout")]
+    pub dropout: f64,
     /// Projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head.
     #[serde(default = "default_target_modules")]
     pub target_modules: Vec<String>,
@@ -293,6 +296,7 @@ impl Default for LoraSpec {
         LoraSpec {
             rank: default_lora_rank(),
             alpha: default_lora_alpha(),
+            dropout: default_lora_dropout(),
             target_modules: default_target_modules(),
         }
     }
@@ -304,6 +308,10 @@ fn default_lora_rank() -> u64 {
 
 fn default_lora_alpha() -> f64 {
     16.0
+}
+
+fn default_lora_dropout() -> f64 {
+    0.05
 }
 
 fn default_target_modules() -> Vec<String> {

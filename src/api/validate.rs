@@ -220,6 +220,12 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
                     format!("{} is not allowed; must be a positive number", l.alpha),
                 );
             }
+            if !l.dropout.is_finite() || !(0.0..1.0).contains(&l.dropout) {
+                errs.push(
+                    "spec.training.lora.dropout",
+                    format!("{} is not allowed; use a probability in [0, 1)", l.dropout),
+                );
+            }
             if l.target_modules.is_empty() {
                 errs.push(
                     "spec.training.lora.targetModules",

@@ -25,6 +25,8 @@ pub struct ActContext<'a> {
     /// LoRA rank and targeted projections (empty when not LoRA).
     pub lora_rank: f64,
     pub lora_targets: &'a [String],
+    /// LoRA dropout is on (its mask and output are kept per input).
+    pub lora_dropout: bool,
 }
 
 /// A frozen 16-bit linear still saves its input: PyTorch's `linear` saves
@@ -89,13 +91,22 @@ fn quantized_input(c: &ActContext, width: f64) -> f64 {
     if c.quantized { 4.0 * width } else { 0.0 }
 }
 
-fn lora_branch(c: &ActContext, inputs: &[(&str, f64)]) -> f64 {
+/// LoRA branches of projections that read one input tensor: one dropout
+/// (mask + output, kept by lora_A) per input, one lora_A output per module.
+fn lora_branch(c: &ActContext, groups: &[(&[&str], f64)]) -> f64 {
     let mut total = 0.0;
-    for (name, width) in inputs {
-        if c.lora_targets.iter().any(|t| t == name) {
-            // Dropout mask (1 byte) + dropout output (saved by lora_A) + lora_A output.
-            total += (c.elem + 1.0) * width + c.elem * c.lora_rank;
+    for (names, width) in groups {
+        let targeted = names
+            .iter()
+            .filter(|n| c.lora_targets.iter().any(|t| t == *n))
+            .count() as f64;
+        if targeted == 0.0 {
+            continue;
         }
+        if c.lora_dropout {
+            total += (c.elem + 1.0) * width;
+        }
+        total += targeted * c.elem * c.lora_rank;
     }
     total
 }
@@ -124,10 +135,7 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
     if linear_saves_input(c) && !c.quantized {
         bytes += e * q;
     }
-    bytes += lora_branch(
-        c,
-        &[("q_proj", h), ("k_proj", h), ("v_proj", h), ("o_proj", q)],
-    );
+    bytes += lora_branch(c, &[(&["q_proj", "k_proj", "v_proj"], h), (&["o_proj"], q)]);
     bytes
 }
 
@@ -148,10 +156,16 @@ fn mlp(a: &Arch, c: &ActContext) -> f64 {
         }
         // fc1 output (kept by GELU) and GELU output that fc2 keeps.
         Mlp::Standard => {
-            e * i + if saves_in { e * i } else { 0.0 } + quantized_input(c, h) + quantized_input(c, i)
+            e * i
+                + if saves_in { e * i } else { 0.0 }
+                + quantized_input(c, h)
+                + quantized_input(c, i)
         }
     };
-    let lora = lora_branch(c, &[("gate_proj", h), ("up_proj", h), ("down_proj", i)]);
+    let lora = lora_branch(
+        c,
+        &[(&["gate_proj"], h), (&["up_proj"], h), (&["down_proj"], i)],
+    );
     if a.experts > 0 {
         let k = a.experts_per_token as f64;
         // Each token visits k experts; the router keeps fp32 logits and the
@@ -223,7 +237,7 @@ pub fn kept_bytes_per_token(
 
 /// Bytes per token of the final norm before the head.
 pub fn final_norm_bytes_per_token(a: &Arch, c: &ActContext) -> f64 {
-    let n = norm(a, c);
+    let n = norm(a, c) + lora_branch(c, &[(&["lm_head"], a.hidden as f64)]);
     if c.sequence_parallel {
         n / c.tensor_parallel.max(1.0)
     } else {

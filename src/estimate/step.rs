@@ -542,6 +542,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         sequence_parallel: p.sequence_parallel,
         lora_rank: job.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0),
         lora_targets,
+        lora_dropout: job.lora.as_ref().is_some_and(|l| l.dropout > 0.0),
     };
     let full_block = activations::block_bytes_per_token(arch, &ctx, false);
     let kept_enc = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, false);
