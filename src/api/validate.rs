@@ -531,12 +531,30 @@ fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, St
         let name = format!("transformer {}×{}", t.layers, t.hidden_size);
         return (arch.map(ResolvedModel::Transformer), name);
     }
-    if m.hf_config.is_some() {
-        errs.push(
-            "spec.model.hfConfig",
-            "not supported by this version's estimator; give the dimensions as spec.model.transformer or use a preset",
-        );
-        return (None, String::new());
+    if let Some(config) = &m.hf_config {
+        return match crate::estimate::hf::arch_from_config(config) {
+            Ok(arch) => {
+                let name = config
+                    .get("_name_or_path")
+                    .and_then(|v| v.as_str())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .unwrap_or_else(|| {
+                        let t = config
+                            .get("model_type")
+                            .and_then(|v| v.as_str())
+                            .unwrap_or("");
+                        format!("{t} {}×{}", arch.layers, arch.hidden)
+                    });
+                (Some(ResolvedModel::Transformer(arch)), name)
+            }
+            Err(problems) => {
+                for (path, reason) in problems {
+                    errs.push(&path, reason);
+                }
+                (None, String::new())
+            }
+        };
     }
     if m.layers.is_some() {
         errs.push(

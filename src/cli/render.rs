@@ -49,13 +49,13 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "  {}", r.explanation.summary)?;
         writeln!(
             out,
-            "  {:<18}{:>10}{:>14}  verdict",
-            "GPU", "usable", "need (+margin)"
+            "  {:<18}{:>12}{:>16}  verdict",
+            "GPU", "usable GiB", "need (+margin)"
         )?;
         for v in &r.verdicts {
             writeln!(
                 out,
-                "  {:<18}{:>10}{:>14}  {}",
+                "  {:<18}{:>12}{:>16}  {}",
                 v.gpu,
                 format!("{:.1}", v.usable_bytes as f64 / GIB),
                 format!("{:.1}", v.verdict.need_bytes as f64 / GIB),

@@ -5,6 +5,7 @@
 
 pub mod arch;
 pub mod gpus;
+pub mod hf;
 pub mod params;
 pub mod presets;
 

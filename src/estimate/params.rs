@@ -173,3 +173,49 @@ pub fn lora(a: &Arch, rank: u64, targets: &[String]) -> Option<u64> {
     let blocks = add(a.layers, a.decoder_layers)?;
     add(mul(per_block, blocks)?, extra)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::presets::PRESETS;
+
+    #[test]
+    fn every_preset_counts_to_its_published_size() {
+        let mut bad = Vec::new();
+        for p in PRESETS {
+            let ours = count(&p.arch, Head::Lm, 2).unwrap().total as f64;
+            let published = p.published_parameters as f64;
+            let err = ours / published - 1.0;
+            // Encoders' published counts carry a pooler instead of the MLM
+            // transform, and a few models have extra norms: 1 % covers both.
+            if err.abs() > 0.01 {
+                bad.push(format!(
+                    "{}: ours {ours:.0} vs {published:.0} ({:+.2}%)",
+                    p.name,
+                    err * 100.0
+                ));
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn llama_3_8b_is_exact() {
+        let p = crate::estimate::presets::find("llama-3-8b").unwrap();
+        assert_eq!(count(&p.arch, Head::Lm, 2).unwrap().total, 8_030_261_248);
+    }
+
+    #[test]
+    fn overflowing_dims_give_none() {
+        let mut a = crate::estimate::presets::find("gpt2").unwrap().arch;
+        a.hidden = u64::MAX / 2;
+        assert!(count(&a, Head::Lm, 2).is_none());
+    }
+
+    #[test]
+    fn lora_counts_rank_times_in_plus_out() {
+        let a = crate::estimate::presets::find("llama-2-7b").unwrap().arch;
+        let n = lora(&a, 8, &["q_proj".into(), "v_proj".into()]).unwrap();
+        assert_eq!(n, 32 * 2 * 8 * (4096 + 4096));
+    }
+}

@@ -1,0 +1,437 @@
+//! Reading a Hugging Face `config.json` object into an [`Arch`]. Pure: the
+//! caller passes the parsed object; every problem names the key under
+//! `spec.model.hfConfig`.
+
+use serde_json::{Map, Value};
+
+use super::arch::{Arch, Kind, Mlp, Norm};
+
+/// The `model_type`s we can read.
+pub const MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "gemma",
+    "gemma2",
+    "phi",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "falcon",
+    "bert",
+    "roberta",
+    "t5",
+];
+
+const PATH: &str = "spec.model.hfConfig";
+const MAX_DIM: u64 = 1 << 24;
+
+/// One problem with one key: (path, reason).
+pub type KeyError = (String, String);
+
+struct Reader<'a> {
+    map: &'a Map<String, Value>,
+    errs: Vec<KeyError>,
+}
+
+impl Reader<'_> {
+    fn err(&mut self, key: &str, reason: impl Into<String>) {
+        self.errs.push((format!("{PATH}.{key}"), reason.into()));
+    }
+
+    /// A positive integer under the first of `keys` present.
+    fn dim(&mut self, keys: &[&str], default: Option<u64>) -> u64 {
+        for key in keys {
+            match self.map.get(*key) {
+                None | Some(Value::Null) => continue,
+                Some(v) => {
+                    return match v.as_u64() {
+                        Some(n) if (1..=MAX_DIM).contains(&n) => n,
+                        _ => {
+                            self.err(
+                                key,
+                                format!(
+                                    "{v} is not allowed; expected an integer from 1 to {MAX_DIM}"
+                                ),
+                            );
+                            1
+                        }
+                    };
+                }
+            }
+        }
+        match default {
+            Some(d) => d,
+            None => {
+                self.err(keys[0], "missing; this model_type's config.json has it");
+                1
+            }
+        }
+    }
+
+    fn flag(&mut self, key: &str, default: bool) -> bool {
+        match self.map.get(key) {
+            None | Some(Value::Null) => default,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                self.err(key, format!("{v} is not a boolean"));
+                default
+            }
+        }
+    }
+
+    fn text(&mut self, key: &str) -> Option<String> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(v) => {
+                self.err(key, format!("{v} is not a string"));
+                None
+            }
+        }
+    }
+}
+
+/// Read `config` into an architecture, or every problem found.
+pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyError>> {
+    let mut r = Reader {
+        map: config,
+        errs: Vec::new(),
+    };
+    let Some(model_type) = r.text("model_type") else {
+        if r.errs.is_empty() {
+            r.err(
+                "model_type",
+                format!("missing; known: {}", MODEL_TYPES.join(", ")),
+            );
+        }
+        return Err(r.errs);
+    };
+    let arch = match model_type.as_str() {
+        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "gemma" | "gemma2" | "phi3" => {
+            llama_like(&mut r, &model_type)
+        }
+        "phi" => {
+            let layers = r.dim(&["num_hidden_layers"], None);
+            let hidden = r.dim(&["hidden_size"], None);
+            let heads = r.dim(&["num_attention_heads"], None);
+            let kv_heads = r.dim(&["num_key_value_heads"], Some(heads));
+            Arch {
+                kind: Kind::Decoder,
+                layers,
+                decoder_layers: 0,
+                hidden,
+                heads,
+                kv_heads,
+                head_dim: hidden / heads.max(1),
+                intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
+                vocab: r.dim(&["vocab_size"], None),
+                mlp: Mlp::Standard,
+                tied: r.flag("tie_word_embeddings", false),
+                experts: 0,
+                experts_per_token: 0,
+                norm: Norm::LayerNorm,
+                qkv_bias: true,
+                linear_bias: true,
+                max_positions: 0,
+                type_vocab: 0,
+                parallel_block: true,
+            }
+        }
+        "gpt2" => {
+            let hidden = r.dim(&["n_embd"], None);
+            Arch {
+                kind: Kind::Decoder,
+                layers: r.dim(&["n_layer"], None),
+                decoder_layers: 0,
+                hidden,
+                heads: r.dim(&["n_head"], None),
+                kv_heads: 0,
+                head_dim: 0,
+                intermediate: r.dim(&["n_inner"], Some(hidden * 4)),
+                vocab: r.dim(&["vocab_size"], None),
+                mlp: Mlp::Standard,
+                tied: r.flag("tie_word_embeddings", true),
+                experts: 0,
+                experts_per_token: 0,
+                norm: Norm::LayerNorm,
+                qkv_bias: true,
+                linear_bias: true,
+                max_positions: r.dim(&["n_positions"], Some(1024)),
+                type_vocab: 0,
+                parallel_block: false,
+            }
+        }
+        "gpt_neox" => {
+            let hidden = r.dim(&["hidden_size"], None);
+            Arch {
+                kind: Kind::Decoder,
+                layers: r.dim(&["num_hidden_layers"], None),
+                decoder_layers: 0,
+                hidden,
+                heads: r.dim(&["num_attention_heads"], None),
+                kv_heads: 0,
+                head_dim: 0,
+                intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
+                vocab: r.dim(&["vocab_size"], None),
+                mlp: Mlp::Standard,
+                tied: r.flag("tie_word_embeddings", false),
+                experts: 0,
+                experts_per_token: 0,
+                norm: Norm::LayerNorm,
+                qkv_bias: true,
+                linear_bias: true,
+                max_positions: 0,
+                type_vocab: 0,
+                parallel_block: r.flag("use_parallel_residual", true),
+            }
+        }
+        "falcon" => {
+            let hidden = r.dim(&["hidden_size", "n_embed"], None);
+            let heads = r.dim(&["num_attention_heads", "n_head"], None);
+            let new_arch = r.flag("new_decoder_architecture", false);
+            let multi_query = r.flag("multi_query", true);
+            let kv_default = if new_arch {
+                heads
+            } else if multi_query {
+                1
+            } else {
+                heads
+            };
+            Arch {
+                kind: Kind::Decoder,
+                layers: r.dim(&["num_hidden_layers", "n_layer"], None),
+                decoder_layers: 0,
+                hidden,
+                heads,
+                kv_heads: r.dim(&["num_kv_heads", "n_head_kv"], Some(kv_default)),
+                head_dim: 0,
+                intermediate: r.dim(&["ffn_hidden_size"], Some(hidden * 4)),
+                vocab: r.dim(&["vocab_size"], None),
+                mlp: Mlp::Standard,
+                tied: r.flag("tie_word_embeddings", true),
+                experts: 0,
+                experts_per_token: 0,
+                norm: Norm::LayerNorm,
+                qkv_bias: r.flag("bias", false),
+                linear_bias: r.flag("bias", false),
+                max_positions: 0,
+                type_vocab: 0,
+                parallel_block: r.flag("parallel_attn", true),
+            }
+        }
+        "bert" | "roberta" => {
+            let hidden = r.dim(&["hidden_size"], None);
+            Arch {
+                kind: Kind::Encoder,
+                layers: r.dim(&["num_hidden_layers"], None),
+                decoder_layers: 0,
+                hidden,
+                heads: r.dim(&["num_attention_heads"], None),
+                kv_heads: 0,
+                head_dim: 0,
+                intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
+                vocab: r.dim(&["vocab_size"], None),
+                mlp: Mlp::Standard,
+                tied: r.flag("tie_word_embeddings", true),
+                experts: 0,
+                experts_per_token: 0,
+                norm: Norm::LayerNorm,
+                qkv_bias: true,
+                linear_bias: true,
+                max_positions: r.dim(&["max_position_embeddings"], Some(512)),
+                type_vocab: r.dim(&["type_vocab_size"], Some(2)),
+                parallel_block: false,
+            }
+        }
+        "t5" => {
+            let layers = r.dim(&["num_layers"], None);
+            let heads = r.dim(&["num_heads"], None);
+            let proj = r.text("feed_forward_proj").unwrap_or_else(|| "relu".into());
+            Arch {
+                kind: Kind::EncoderDecoder,
+                layers,
+                decoder_layers: r.dim(&["num_decoder_layers"], Some(layers)),
+                hidden: r.dim(&["d_model"], None),
+                heads,
+                kv_heads: heads,
+                head_dim: r.dim(&["d_kv"], None),
+                intermediate: r.dim(&["d_ff"], None),
+                vocab: r.dim(&["vocab_size"], None),
+                mlp: if proj.starts_with("gated") {
+                    Mlp::Gated
+                } else {
+                    Mlp::Standard
+                },
+                tied: r.flag("tie_word_embeddings", true),
+                experts: 0,
+                experts_per_token: 0,
+                norm: Norm::RmsNorm,
+                qkv_bias: false,
+                linear_bias: false,
+                max_positions: 0,
+                type_vocab: 0,
+                parallel_block: false,
+            }
+        }
+        other => {
+            r.err(
+                "model_type",
+                format!(
+                    "unknown model_type {other:?}; known: {}",
+                    MODEL_TYPES.join(", ")
+                ),
+            );
+            return Err(r.errs);
+        }
+    };
+    let mut arch = arch;
+    if arch.kv_heads == 0 {
+        arch.kv_heads = arch.heads;
+    }
+    if arch.head_dim == 0 {
+        if arch.hidden % arch.heads.max(1) != 0 {
+            r.err(
+                "num_attention_heads",
+                format!(
+                    "{} does not divide the hidden size {}",
+                    arch.heads, arch.hidden
+                ),
+            );
+        }
+        arch.head_dim = (arch.hidden / arch.heads.max(1)).max(1);
+    }
+    if arch.heads % arch.kv_heads.max(1) != 0 {
+        r.err(
+            "num_key_value_heads",
+            format!(
+                "{} does not divide the {} attention heads",
+                arch.kv_heads, arch.heads
+            ),
+        );
+    }
+    if r.errs.is_empty() {
+        Ok(arch)
+    } else {
+        Err(r.errs)
+    }
+}
+
+fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
+    let layers = r.dim(&["num_hidden_layers"], None);
+    let hidden = r.dim(&["hidden_size"], None);
+    let heads = r.dim(&["num_attention_heads"], None);
+    let kv_heads = r.dim(&["num_key_value_heads"], Some(heads));
+    // head_dim is optional (Gemma sets it); 0 means hidden / heads below.
+    let head_dim = match r.map.get("head_dim") {
+        None | Some(Value::Null) => 0,
+        Some(_) => r.dim(&["head_dim"], None),
+    };
+    let tied_default = matches!(model_type, "gemma" | "gemma2");
+    let (experts, per_token, intermediate) = match model_type {
+        "mixtral" => (
+            r.dim(&["num_local_experts"], None),
+            r.dim(&["num_experts_per_tok"], None),
+            r.dim(&["intermediate_size"], None),
+        ),
+        // Routed experts only; the shared expert is not modelled separately.
+        "qwen2_moe" => (
+            r.dim(&["num_experts"], None),
+            r.dim(&["num_experts_per_tok"], None),
+            r.dim(&["moe_intermediate_size"], None),
+        ),
+        _ => (0, 0, r.dim(&["intermediate_size"], None)),
+    };
+    let qkv_bias = matches!(model_type, "qwen2" | "qwen2_moe");
+    Arch {
+        kind: Kind::Decoder,
+        layers,
+        decoder_layers: 0,
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate,
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: Mlp::Gated,
+        tied: r.flag("tie_word_embeddings", tied_default),
+        experts,
+        experts_per_token: per_token,
+        norm: Norm::RmsNorm,
+        qkv_bias,
+        linear_bias: false,
+        max_positions: 0,
+        type_vocab: 0,
+        parallel_block: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::presets;
+
+    fn config(v: serde_json::Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn llama_3_1_8b_config_matches_the_preset() {
+        let c = config(serde_json::json!({
+            "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+            "vocab_size": 128256, "tie_word_embeddings": false, "rope_theta": 500000.0
+        }));
+        let arch = arch_from_config(&c).unwrap();
+        assert_eq!(arch, presets::find("llama-3.1-8b").unwrap().arch);
+    }
+
+    #[test]
+    fn gpt2_config_matches_the_preset() {
+        let c = config(serde_json::json!({
+            "model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+            "n_inner": null, "vocab_size": 50257, "n_positions": 1024
+        }));
+        let arch = arch_from_config(&c).unwrap();
+        let preset = presets::find("gpt2").unwrap().arch;
+        assert_eq!(arch.layers, preset.layers);
+        assert_eq!(arch.intermediate, preset.intermediate);
+        assert_eq!(arch.vocab, preset.vocab);
+        assert!(arch.tied);
+    }
+
+    #[test]
+    fn unknown_model_type_lists_the_known_ones() {
+        let c = config(serde_json::json!({"model_type": "mamba"}));
+        let errs = arch_from_config(&c).unwrap_err();
+        assert_eq!(errs[0].0, "spec.model.hfConfig.model_type");
+        assert!(errs[0].1.contains("llama") && errs[0].1.contains("t5"));
+    }
+
+    #[test]
+    fn every_problem_names_its_key() {
+        let c = config(serde_json::json!({
+            "model_type": "mistral", "num_hidden_layers": 0, "hidden_size": "big",
+            "num_attention_heads": 32, "vocab_size": 32000
+        }));
+        let errs = arch_from_config(&c).unwrap_err();
+        let paths: Vec<&str> = errs.iter().map(|e| e.0.as_str()).collect();
+        assert!(paths.contains(&"spec.model.hfConfig.num_hidden_layers"));
+        assert!(paths.contains(&"spec.model.hfConfig.hidden_size"));
+        assert!(paths.contains(&"spec.model.hfConfig.intermediate_size"));
+    }
+
+    #[test]
+    fn mixtral_reads_its_experts() {
+        let c = config(serde_json::json!({
+            "model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+            "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2
+        }));
+        let arch = arch_from_config(&c).unwrap();
+        assert_eq!((arch.experts, arch.experts_per_token), (8, 2));
+        assert_eq!(arch, presets::find("mixtral-8x7b").unwrap().arch);
+    }
+}
