@@ -479,7 +479,8 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     }
     // Autocast casts every weight a matmul uses to 16 bit; the copies are
     // saved for backward, so all of them are live at the end of forward.
-    if mixed && zero < 3 && strategy_is_torch && !inference {
+    // Quantized linears dequantize per call instead (a transient, below).
+    if mixed && zero < 3 && strategy_is_torch && !inference && quant.is_none() {
         weight_transient += (linear + head) * elem;
     }
 
