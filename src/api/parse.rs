@@ -35,18 +35,27 @@ fn fields_to_string(f: &[FieldError]) -> String {
 }
 
 /// Split text into its YAML documents (empty ones skipped).
+///
+/// `.nan` and `.inf` are read as the strings `".nan"`, `".inf"`, `"-.inf"`: a JSON value
+/// cannot hold them, and as strings they reach the typed step, whose error names the field
+/// (`spec.fitPolicy.safetyMargin: invalid type: string ".nan", expected f64`) instead of
+/// failing the whole input with a line and column.
 pub fn documents(text: &str) -> Result<Vec<Value>, ParseError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
-        // Keep the message on one line per problem, without source snippets.
-        ParseError::Syntax(
-            e.to_string()
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string(),
-        )
-    })?;
+    let options = serde_saphyr::options! {
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::AsString,
+    };
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| {
+            // Keep the message on one line per problem, without source snippets.
+            ParseError::Syntax(
+                e.to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string(),
+            )
+        })?;
     if docs.is_empty() {
         return Err(ParseError::Empty);
     }

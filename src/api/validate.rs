@@ -445,7 +445,8 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
         fp.min_micro_batch_size,
         1,
     );
-    if fp.min_micro_batch_size > t.micro_batch_size {
+    // A microBatchSize of 0 is already reported; comparing against it would blame this field too.
+    if t.micro_batch_size >= 1 && fp.min_micro_batch_size > t.micro_batch_size {
         errs.push(
             "spec.fitPolicy.minMicroBatchSize",
             format!(

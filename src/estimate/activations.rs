@@ -27,6 +27,8 @@ pub struct ActContext<'a> {
     pub lora_targets: &'a [String],
     /// LoRA dropout is on (its mask and output are kept per input).
     pub lora_dropout: bool,
+    /// Norm weights and a scale per linear output are trained (LLaMA-Adapter v2 style).
+    pub scaled_linears: bool,
 }
 
 /// A frozen 16-bit linear still saves its input: PyTorch's `linear` saves
@@ -71,11 +73,12 @@ fn norm(a: &Arch, c: &ActContext) -> f64 {
     };
     let input = if upcast { 4.0 * h } else { c.elem * h };
     // `x_normed * weight` in fp32 keeps x_normed for the weight's gradient.
-    let weight_grad = if upcast && c.weights_trainable && a.norm == Norm::RmsNorm {
-        4.0 * h
-    } else {
-        0.0
-    };
+    let weight_grad =
+        if upcast && (c.weights_trainable || c.scaled_linears) && a.norm == Norm::RmsNorm {
+            4.0 * h
+        } else {
+            0.0
+        };
     let normed = if linear_saves_input(c) && !c.quantized {
         c.elem * h
     } else {
@@ -176,12 +179,29 @@ fn mlp(a: &Arch, c: &ActContext) -> f64 {
     }
 }
 
+/// A trained scale on a linear's output (`scale * linear(x)`) keeps that
+/// output for the scale's gradient: every projection's output width at e.
+fn scaled_outputs(a: &Arch, c: &ActContext) -> f64 {
+    if !c.scaled_linears {
+        return 0.0;
+    }
+    let q = (a.heads * a.head_dim) as f64;
+    let kv = (a.kv_heads * a.head_dim) as f64;
+    let h = a.hidden as f64;
+    let i = a.intermediate as f64;
+    let mlp_out = match a.mlp {
+        Mlp::Gated => 2.0 * i + h,
+        Mlp::Standard => i + h,
+    };
+    c.elem * (q + 2.0 * kv + h + mlp_out)
+}
+
 /// Bytes per token one full (not checkpointed) block keeps for backward.
 pub fn block_bytes_per_token(a: &Arch, c: &ActContext, decoder_block: bool) -> f64 {
     let norms = if a.parallel_block { 1.0 } else { 2.0 };
     let mut parts = Parts {
         outer: norms * norm(a, c),
-        inner: attention(a, c) + mlp(a, c),
+        inner: attention(a, c) + mlp(a, c) + scaled_outputs(a, c),
     };
     if decoder_block && a.kind == Kind::EncoderDecoder {
         // Cross-attention: its norm, q, projected encoder k/v, output.

@@ -119,6 +119,18 @@ const ROUNDING_PER_TENSOR: f64 = 1.0 * MIB;
 /// Tokens per chunk in a chunked loss (LitGPT, Liger).
 const LOSS_CHUNK_TOKENS: f64 = 128.0;
 
+/// LLaMA-Adapter's trainable prompt: 10 prefix vectors and a gate per block.
+const ADAPTER_PREFIX_LENGTH: f64 = 10.0;
+/// An adapter with this many times the prefix's parameters trains more than
+/// the prefix: the only other parameters an adapter trains are norm weights
+/// and per-linear scales and biases (LLaMA-Adapter v2), whose gradients need
+/// the normalised inputs and the linear outputs.
+const ADAPTER_V2_RATIO: f64 = 1.5;
+
+fn prefix_adapter_parameters(a: &Arch) -> f64 {
+    a.layers as f64 * (ADAPTER_PREFIX_LENGTH * a.hidden as f64 + 1.0)
+}
+
 /// One rank of one pipeline stage.
 #[derive(Clone, Debug, Default)]
 struct Stage {
@@ -441,7 +453,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
 
     // ---- Trainable parameters ----
     let explicit = t.trainable_parameters.map(|v| v * stage_share / tp);
-    let adapter_default = (arch.layers as f64) * (10.0 * h + 1.0) * stage_share;
+    let adapter_default = prefix_adapter_parameters(arch) * stage_share;
     let trainable = match t.mode {
         TrainingMode::Inference => 0.0,
         TrainingMode::Full => explicit.unwrap_or(stage_params),
@@ -544,6 +556,9 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         lora_rank: job.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0),
         lora_targets,
         lora_dropout: job.lora.as_ref().is_some_and(|l| l.dropout > 0.0),
+        scaled_linears: t.mode == TrainingMode::Adapter
+            && t.trainable_parameters
+                .is_some_and(|n| n > ADAPTER_V2_RATIO * prefix_adapter_parameters(arch)),
     };
     let full_block = activations::block_bytes_per_token(arch, &ctx, false);
     let kept_enc = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, false);
