@@ -6,4 +6,6 @@
 pub mod api;
 pub mod cli;
 pub mod estimate;
+pub mod inventory;
 pub mod plan;
+pub mod webhook;

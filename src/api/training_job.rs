@@ -12,6 +12,8 @@ use super::schema::{preserve_object, preserve_object_list};
 
 /// A training (or inference) job whose per-GPU memory vramguard estimates,
 /// fits and places before anything runs.
+// Several printer columns repeat `type_`, which clippy reads as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "vramguard.io",

@@ -55,6 +55,8 @@ impl fmt::Display for ValidationErrors {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ResolvedModel {
     Transformer(Arch),
+    /// An MLP/CNN from `layers` or a vision preset, shapes propagated.
+    Layers(Box<crate::estimate::layers::LayerStack>),
     /// Known by size only.
     Custom {
         parameters: u64,
@@ -145,7 +147,25 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
     let (model, model_name) = resolve_model(&mut errs, &spec.model);
 
     // Head.
-    let head = spec.model.head.unwrap_or(Head::Lm);
+    // Layer lists and vision presets carry their own classifier.
+    let is_layers = matches!(model, Some(ResolvedModel::Layers(_)));
+    let head = spec.model.head.unwrap_or(if is_layers {
+        Head::Classification
+    } else {
+        Head::Lm
+    });
+    if is_layers
+        && matches!(
+            t.mode,
+            TrainingMode::Lora | TrainingMode::Qlora | TrainingMode::Adapter
+        )
+        && t.trainable_parameters.is_none()
+    {
+        errs.push(
+            "spec.training.trainableParameters",
+            "required with an adapter mode on a layers model (which layers get adapters is not known)",
+        );
+    }
     let num_labels = spec.model.num_labels.unwrap_or(2);
     if spec.model.num_labels.is_some() && head != Head::Classification {
         errs.push(
@@ -155,7 +175,9 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
     }
     errs.at_least("spec.model.numLabels", num_labels, 1);
     errs.at_most("spec.model.numLabels", num_labels, 1 << 24);
-    if let Some(shape) = &spec.model.input_shape {
+    let analysed_shape =
+        matches!(model, Some(ResolvedModel::Layers(_))) || spec.model.layers.is_some();
+    if let Some(shape) = spec.model.input_shape.as_ref().filter(|_| !analysed_shape) {
         if shape.is_empty() {
             errs.push("spec.model.inputShape", "must not be empty");
         }
@@ -271,6 +293,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
             }
         }
         Some(ResolvedModel::Custom { parameters, .. }) => *parameters,
+        Some(ResolvedModel::Layers(stack)) => stack.parameters,
         None => 0,
     };
 
@@ -513,14 +536,31 @@ fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, St
         }
     }
     if let Some(name) = &m.preset {
-        return match presets::find(name) {
-            Some(p) => (Some(ResolvedModel::Transformer(p.arch)), p.name.to_string()),
+        if let Some(p) = presets::find(name) {
+            return (Some(ResolvedModel::Transformer(p.arch)), p.name.to_string());
+        }
+        return match crate::estimate::vision::find(name) {
+            Some(v) => match v.analyze(m.input_shape.as_deref(), m.num_labels) {
+                Ok(stack) => (
+                    Some(ResolvedModel::Layers(Box::new(stack))),
+                    v.name.to_string(),
+                ),
+                Err(problems) => {
+                    for (path, reason) in problems {
+                        errs.push(&path, reason);
+                    }
+                    (None, String::new())
+                }
+            },
             None => {
                 errs.push(
                     "spec.model.preset",
                     format!(
                         "unknown preset {name:?}; known: {}",
-                        presets::names().collect::<Vec<_>>().join(", ")
+                        presets::names()
+                            .chain(crate::estimate::vision::names())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 );
                 (None, String::new())
@@ -557,12 +597,26 @@ fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, St
             }
         };
     }
-    if m.layers.is_some() {
-        errs.push(
-            "spec.model.layers",
-            "not supported by this version's estimator; describe the model as spec.model.custom (parameters, activationBytesPerSample)",
-        );
-        return (None, String::new());
+    if let Some(layers) = &m.layers {
+        let Some(shape) = &m.input_shape else {
+            errs.push(
+                "spec.model.inputShape",
+                "required with spec.model.layers (the per-sample input, e.g. [3, 224, 224])",
+            );
+            return (None, String::new());
+        };
+        return match crate::estimate::layers::analyze(layers, shape) {
+            Ok(stack) => {
+                let name = format!("layers ({} layers)", stack.layer_count);
+                (Some(ResolvedModel::Layers(Box::new(stack))), name)
+            }
+            Err(problems) => {
+                for (path, reason) in problems {
+                    errs.push(&path, reason);
+                }
+                (None, String::new())
+            }
+        };
     }
     if let Some(c) = &m.custom {
         let before = errs.0.len();

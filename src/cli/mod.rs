@@ -4,6 +4,7 @@
 pub mod crds;
 pub mod estimate;
 mod render;
+pub mod serve;
 
 use std::process::ExitCode;
 
@@ -32,6 +33,8 @@ pub enum Command {
     Estimate(EstimateArgs),
     /// Print the CustomResourceDefinitions (YAML) to apply to a cluster.
     Crds,
+    /// Serve the admission webhook (TLS) for TrainingJobs.
+    Serve(serve::ServeArgs),
 }
 
 /// Parse arguments, run, and map the outcome to an exit code.
@@ -49,8 +52,36 @@ pub fn main() -> ExitCode {
             )
         }
         Command::Crds => crds::run(&mut std::io::stdout().lock()),
+        Command::Serve(args) => run_async(serve::run(args)),
     };
     ExitCode::from(code)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> u8 {
+    init_tracing();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => EXIT_FITS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            EXIT_BAD_INPUT
+        }
+    }
 }
 
 /// The command definition, for tests and documentation.

@@ -77,10 +77,13 @@ fn describe(r: &JobReport) -> String {
         r.model.clone(),
         json(&t.mode),
         json(&t.precision),
-        format!(
-            "micro-batch {} × {} tokens",
-            t.micro_batch_size, t.sequence_length
-        ),
+        match job.model {
+            crate::api::ResolvedModel::Transformer(_) => format!(
+                "micro-batch {} × {} tokens",
+                t.micro_batch_size, t.sequence_length
+            ),
+            _ => format!("micro-batch {}", t.micro_batch_size),
+        },
     ];
     if let Some(l) = &job.lora {
         parts[1] = format!("{} r{}", parts[1], l.rank);

@@ -6,8 +6,10 @@
 pub mod arch;
 pub mod gpus;
 pub mod hf;
+pub mod layers;
 pub mod params;
 pub mod presets;
+pub mod vision;
 
 mod activations;
 mod step;
@@ -104,9 +106,30 @@ fn to_bytes(v: f64, what: &'static str) -> Result<u64, EstimateError> {
     Ok(v.max(0.0).ceil() as u64)
 }
 
-/// Estimate one rank's memory for `job` on `gpu`.
+/// Estimate one rank's memory for `job` on `gpu`: the most loaded rank (with
+/// pipeline parallelism, the heavier of the first and last stage by per-GPU bytes).
 pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate, EstimateError> {
-    let model = step::StepModel::new(job, gpu);
+    let mut best: Option<Estimate> = None;
+    for model in step::StepModel::candidates(job, gpu) {
+        let e = estimate_stage(&model, gpu)?;
+        let heavier = match &best {
+            None => true,
+            Some(b) => {
+                (e.status.per_gpu_bytes, e.status.peak_allocated_bytes)
+                    > (b.status.per_gpu_bytes, b.status.peak_allocated_bytes)
+            }
+        };
+        if heavier {
+            best = Some(e);
+        }
+    }
+    Ok(best.expect("there is always at least one stage"))
+}
+
+fn estimate_stage(
+    model: &step::StepModel,
+    gpu: &'static GpuProduct,
+) -> Result<Estimate, EstimateError> {
     let phases = model.phases();
     let (peak_idx, _) = phases
         .iter()
@@ -117,12 +140,22 @@ pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate
             |best, cur| if cur.1 > best.1 { cur } else { best },
         );
     let peak = &phases[peak_idx];
-    let allocated = peak.allocated();
-    let allocator = model.allocator_overhead(peak);
-    let reserved = allocated + allocator;
+    // A tensor of the largest size exists at some point, so the peak holds it.
+    let largest = model.largest_tensor();
+    let allocated = peak.allocated().max(largest);
+    // The caching allocator keeps what it reserved: the reserved peak is the
+    // largest over phases of allocated + rounding and fragmentation.
+    let reserved = phases
+        .iter()
+        .map(|p| p.allocated() + model.allocator_overhead(p))
+        .fold(allocated, f64::max);
+    let allocator = reserved - allocated;
     let fixed = model.fixed_overheads();
-    let per_gpu = reserved + fixed.context + fixed.nccl + model.unallocated(peak);
-
+    let unallocated = phases
+        .iter()
+        .map(|p| model.unallocated(p))
+        .fold(0.0, f64::max);
+    let per_gpu = reserved + fixed.context + fixed.nccl + unallocated;
     let c = |comp: Component| to_bytes(peak.get(comp), comp.name());
     let breakdown = Breakdown {
         weights: c(Component::Weights)?,
@@ -148,7 +181,7 @@ pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate
         peak_reserved_bytes: to_bytes(reserved, "peakReservedBytes")?,
         per_gpu_bytes: to_bytes(per_gpu, "perGpuBytes")?,
         breakdown,
-        largest_tensor_bytes: to_bytes(model.largest_tensor(), "largestTensorBytes")?,
+        largest_tensor_bytes: to_bytes(largest, "largestTensorBytes")?,
         peak_phase: peak.phase.name().to_string(),
         gpu: Some(gpu.name.to_string()),
     };

@@ -4,10 +4,11 @@
 use super::activations::{self, ActContext};
 use super::arch::Arch;
 use super::gpus::{self, GpuProduct};
+use super::layers::LayerStack;
 use super::params::{self, Counts};
 use super::{GIB, PhaseBytes};
 use crate::api::{
-    Checkpointing, Loss, Offload, Optimizer, PipelineSchedule, Precision, Quantization,
+    Attention, Checkpointing, Loss, Offload, Optimizer, PipelineSchedule, Precision, Quantization,
     ResolvedModel, Strategy, TrainingMode, ValidatedJob,
 };
 
@@ -187,36 +188,47 @@ fn quantized_bytes(q: Quantization, in_features: f64) -> Option<f64> {
 }
 
 impl StepModel {
+    /// One model per pipeline stage worth checking (the first and the last
+    /// when there are several; they hold the embedding and the head).
+    pub fn candidates(job: &ValidatedJob, gpu: &'static GpuProduct) -> Vec<StepModel> {
+        let pp = job.spec.parallelism.pipeline_parallel.max(1);
+        match &job.model {
+            ResolvedModel::Transformer(arch) if pp > 1 => vec![
+                StepModel::with_stage(job, gpu, transformer_stage(job, arch, true, false)),
+                StepModel::with_stage(job, gpu, transformer_stage(job, arch, false, true)),
+            ],
+            _ => vec![StepModel::new(job, gpu)],
+        }
+    }
+
     pub fn new(job: &ValidatedJob, gpu: &'static GpuProduct) -> StepModel {
-        let t = &job.spec.training;
-        let p = &job.spec.parallelism;
-        let overheads = gpus::overheads(gpu.architecture);
-        let inference = t.mode == TrainingMode::Inference;
         let stage = match &job.model {
-            ResolvedModel::Transformer(arch) => {
-                let pp = p.pipeline_parallel.max(1);
-                if pp == 1 {
-                    transformer_stage(job, arch, true, true)
-                } else {
-                    let first = transformer_stage(job, arch, true, false);
-                    let last = transformer_stage(job, arch, false, true);
-                    if peak_of(&first) >= peak_of(&last) {
-                        first
-                    } else {
-                        last
-                    }
-                }
-            }
+            ResolvedModel::Transformer(arch) => transformer_stage(job, arch, true, true),
             ResolvedModel::Custom {
                 parameters,
                 activation_bytes_per_sample,
             } => custom_stage(job, *parameters as f64, *activation_bytes_per_sample as f64),
+            ResolvedModel::Layers(stack) => layers_stage(job, stack),
         };
+        StepModel::with_stage(job, gpu, stage)
+    }
+
+    fn with_stage(job: &ValidatedJob, gpu: &'static GpuProduct, stage: Stage) -> StepModel {
+        let t = &job.spec.training;
+        let p = &job.spec.parallelism;
+        let overheads = gpus::overheads(gpu.architecture);
+        let inference = t.mode == TrainingMode::Inference;
         let nccl = if p.gpus > 1 { NCCL_BUFFERS } else { 0.0 };
         StepModel {
             stage,
             inference,
-            workspaces: overheads.cublas_workspace_bytes as f64,
+            // cuDNN convolution workspaces come through the caching allocator too.
+            workspaces: overheads.cublas_workspace_bytes as f64
+                + if matches!(&job.model, ResolvedModel::Layers(s) if s.has_conv) {
+                    overheads.cudnn_workspace_bytes as f64
+                } else {
+                    0.0
+                },
             fixed: Fixed {
                 context: overheads.cuda_context_bytes as f64,
                 nccl,
@@ -314,18 +326,6 @@ impl StepModel {
     pub fn largest_tensor(&self) -> f64 {
         self.stage.largest_tensor
     }
-}
-
-fn peak_of(s: &Stage) -> f64 {
-    let fwd = s.weights + s.weight_transient + s.optimizer + s.activations + s.logits_forward;
-    let bwd = s.weights
-        + s.weight_transient
-        + s.optimizer
-        + s.activations
-        + s.logits_backward
-        + s.grads_live_in_backward;
-    let opt = s.weights + s.optimizer + s.grads + s.optimizer_temp;
-    fwd.max(bwd + s.frozen_unsharded).max(opt)
 }
 
 /// Per-parameter byte sizes of the recipe.
@@ -488,6 +488,9 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     if p.offload == Offload::OptimizerAndParameters {
         // Parameters live on the host; only gathered blocks are on the GPU.
         weights = 0.0;
+        if inference {
+            weight_transient += 2.0 * block_gathered;
+        }
     }
     // Autocast casts every weight a matmul uses to 16 bit; the copies are
     // saved for backward, so all of them are live at the end of forward.
@@ -800,5 +803,102 @@ fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Sta
         kv_cache: if inference { activations } else { 0.0 },
         large_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
         largest_tensor: (parameters / 100.0 * elem).min(4.0 * GIB),
+    }
+}
+
+/// An MLP/CNN from a layer list: activations from shape propagation.
+fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
+    let t = &job.spec.training;
+    let p = &job.spec.parallelism;
+    let (elem, mixed) = precision_bytes(t.precision);
+    let r = recipe(job);
+    let dp = job.data_parallel.max(1) as f64;
+    let zero = p.zero_stage;
+    let b = t.micro_batch_size as f64;
+    let inference = t.mode == TrainingMode::Inference;
+    let params = stack.parameters as f64;
+    let matrices = stack.autocast_parameters as f64;
+    let others = (params - matrices).max(0.0);
+    let trainable = match t.mode {
+        TrainingMode::Inference => 0.0,
+        TrainingMode::Full => t.trainable_parameters.unwrap_or(params),
+        // Validation requires the count for adapter modes on layer lists.
+        _ => t.trainable_parameters.unwrap_or(0.0),
+    };
+    let qb = quantized_bytes(job.quantization, 4096.0);
+    let mut weights = match qb {
+        Some(q) => matrices * q + others * r.weight,
+        None => params * r.weight,
+    } + stack.buffer_bytes as f64;
+    if t.mode != TrainingMode::Full {
+        weights += trainable * r.weight;
+    }
+    let mut weight_transient = if mixed && zero < 3 && !inference && qb.is_none() {
+        matrices * elem
+    } else {
+        0.0
+    };
+    if zero == 3 && !inference {
+        weights /= dp;
+        weight_transient = 0.0;
+    }
+    let mut grads = trainable * r.grad;
+    if zero >= 2 {
+        grads /= dp;
+    }
+    let (oa, op, ot) = optimizer_bytes(job, &r, 1024.0);
+    let div = if zero >= 1 { dp } else { 1.0 };
+    let offload = matches!(
+        p.offload,
+        Offload::Optimizer | Offload::OptimizerAndParameters
+    );
+    let fused = t.attention != Attention::Eager;
+    let full = stack.saved_bytes_per_sample_with(elem, mixed, fused) * b
+        + stack.saved_fp32_elems_per_batch as f64 * 4.0;
+    let largest_layer = stack.largest_layer_saved_bytes_per_sample(elem, mixed, fused) * b;
+    let activations = match t.gradient_checkpointing {
+        // Segment checkpointing of n layers keeps O(√n) of them (Chen et al.
+        // 2016, "Training Deep Nets with Sublinear Memory Cost").
+        Checkpointing::Full => (full / (stack.layer_count.max(1) as f64).sqrt()).max(largest_layer),
+        _ => full,
+    };
+    let largest_act = stack.largest_activation_bytes_per_sample(elem, mixed, fused) * b;
+    let out_elems = stack.output_elems_per_sample() as f64 * b;
+    Stage {
+        weights,
+        weight_transient,
+        frozen_unsharded: 0.0,
+        grads,
+        grads_live_in_backward: 0.0,
+        optimizer: if offload { 0.0 } else { trainable * oa / div },
+        optimizer_paged: if offload { 0.0 } else { trainable * op / div },
+        optimizer_temp: if offload { 0.0 } else { trainable * ot / div },
+        activations: if inference { 0.0 } else { activations },
+        layer_activations: largest_layer,
+        // Classifier output, its fp32 log-softmax and gradient.
+        logits_forward: if inference {
+            out_elems * elem
+        } else {
+            out_elems * (elem + 4.0)
+        },
+        logits_backward: if inference {
+            0.0
+        } else {
+            out_elems * (elem + 8.0)
+        },
+        // Images as fp32, labels as int64.
+        inputs: stack.input_elems_per_sample as f64 * b * 4.0
+            + b * 8.0
+            + t.data_on_gpu_bytes as f64,
+        temp_forward: largest_act,
+        temp_backward: 2.0 * largest_act,
+        comm: if dp > 1.0 && zero == 0 && !inference && trainable > 0.0 {
+            grads
+        } else {
+            0.0
+        },
+        kv_cache: 0.0,
+        large_tensors: stack.parameter_tensors as f64,
+        largest_tensor: (stack.largest_param_elems as f64 * r.weight.max(elem)).max(largest_act),
     }
 }

@@ -1,4 +1,16 @@
-//! Fit decisions: need vs one GPU's view. Pure functions, no I/O.
+//! Fit decisions: need vs one GPU's view (`fit`), the cheapest change that
+//! fits (`shrink`, priced by `cost`), and placement over the cluster's GPUs
+//! (`place`). Pure functions, no I/O.
+
+pub mod cost;
+pub mod place;
+pub mod shrink;
+
+pub use place::{
+    Assignment, DeviceAssignment, Need, NodeAssignment, PlaceOutcome, Request, Reservation,
+    architecture_of, place, place_with,
+};
+pub use shrink::{Advice, Allowance, Plan, Settings, Shrink, effective_batch, search, shrink};
 
 use serde::Serialize;
 

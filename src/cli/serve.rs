@@ -1,0 +1,175 @@
+//! `vramguard serve`: the admission webhook over TLS, with the GPU inventory
+//! from the cluster (GpuNode objects and GFD node labels) or from a file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::api::parse;
+use crate::inventory::{self, Source};
+use crate::webhook::{self, AppState, tls};
+
+/// Arguments of `vramguard serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the webhook listens on.
+    #[arg(long, env = "VRAMGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate chain (the mounted Secret's tls.crt); reloaded when it changes.
+    #[arg(
+        long,
+        env = "VRAMGUARD_TLS_CERT",
+        requires = "tls_key",
+        conflicts_with = "self_signed"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (tls.key).
+    #[arg(long, env = "VRAMGUARD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Generate a CA and a server certificate for local use.
+    #[arg(long, env = "VRAMGUARD_SELF_SIGNED", default_value_t = false)]
+    pub self_signed: bool,
+    /// With --self-signed: write the CA certificate here (for clients' --cacert).
+    #[arg(long, env = "VRAMGUARD_CA_OUT", requires = "self_signed")]
+    pub ca_out: Option<PathBuf>,
+    /// With --self-signed: the names the certificate is valid for.
+    #[arg(
+        long,
+        env = "VRAMGUARD_TLS_HOSTS",
+        value_delimiter = ',',
+        default_value = "localhost,127.0.0.1"
+    )]
+    pub tls_hosts: Vec<String>,
+    /// A static inventory (GpuNode objects) instead of watching the cluster.
+    #[arg(long, env = "VRAMGUARD_CLUSTER")]
+    pub cluster: Option<PathBuf>,
+    /// Seconds between checks of the certificate files for changes.
+    #[arg(long, env = "VRAMGUARD_TLS_RELOAD_SECS", default_value_t = 10)]
+    pub tls_reload_secs: u64,
+    /// Seconds in-flight reviews get to finish after SIGTERM.
+    #[arg(long, env = "VRAMGUARD_DRAIN_SECS", default_value_t = 30)]
+    pub drain_secs: u64,
+}
+
+/// Read a cluster file of GpuNode documents.
+pub fn read_cluster(path: &PathBuf) -> anyhow::Result<Vec<crate::api::GpuNode>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let docs = parse::documents(&text).with_context(|| path.display().to_string())?;
+    let mut nodes = Vec::new();
+    for (i, d) in docs.into_iter().enumerate() {
+        nodes.push(
+            parse::gpu_node(d)
+                .with_context(|| format!("{}: document {}", path.display(), i + 1))?,
+        );
+    }
+    Ok(nodes)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: finishing in-flight reviews");
+}
+
+/// Run the webhook until SIGTERM.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let ServeArgs {
+        listen,
+        tls_cert,
+        tls_key,
+        self_signed,
+        ca_out,
+        tls_hosts,
+        cluster,
+        tls_reload_secs,
+        drain_secs,
+    } = args;
+
+    // TLS is checked before anything binds.
+    let (config, watched) = match (tls_cert, tls_key, self_signed) {
+        (Some(cert), Some(key), false) => (tls::load(&cert, &key)?, Some((cert, key))),
+        (None, None, true) => {
+            let pair = tls::self_signed(&tls_hosts)?;
+            if let Some(path) = &ca_out {
+                std::fs::write(path, &pair.ca_pem).with_context(|| path.display().to_string())?;
+            } else {
+                println!("{}", pair.ca_pem);
+            }
+            let config = tls::server_config_from_pem(
+                pair.cert_pem.as_bytes(),
+                pair.key_pem.as_bytes(),
+                std::path::Path::new("(generated)"),
+                std::path::Path::new("(generated)"),
+            )?;
+            (config, None)
+        }
+        _ => bail!("give --tls-cert and --tls-key, or --self-signed"),
+    };
+    let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
+
+    let (source, driver): (Arc<dyn Source>, futures::future::BoxFuture<'static, ()>) = match cluster
+    {
+        Some(path) => {
+            let nodes = read_cluster(&path)?;
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            (
+                Arc::new(inventory::Static::new(nodes, now)),
+                Box::pin(std::future::pending()),
+            )
+        }
+        None => {
+            let client = kube::Client::try_default().await.context(
+                "connecting to the Kubernetes API (give --cluster FILE to run without one)",
+            )?;
+            let (source, driver) = inventory::reflect::start(client);
+            (Arc::new(source), Box::pin(driver))
+        }
+    };
+    let state = Arc::new(AppState::new(source));
+    let router = webhook::router(state);
+    tracing::info!(%listen, "serving admission reviews");
+    let reload_config = rustls.clone();
+    let reload = async move {
+        match watched {
+            Some((cert, key)) => {
+                let every = Duration::from_secs(tls_reload_secs.max(1));
+                tls::watch(cert, key, reload_config, every).await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let server = webhook::serve(
+        listen,
+        router,
+        rustls,
+        shutdown_signal(),
+        Duration::from_secs(drain_secs),
+        None,
+    );
+    tokio::select! {
+        r = server => r.context("the webhook server stopped")?,
+        _ = driver => bail!("the inventory watch ended"),
+        _ = reload => bail!("the certificate watch ended"),
+    }
+    Ok(())
+}

@@ -1,0 +1,263 @@
+//! The cluster's GPU view: `GpuNode` objects published by agents, falling back
+//! to GPU Feature Discovery node labels where no agent runs. A snapshot is a
+//! plain value the webhook and planner read; the sources that fill it (a
+//! static file, kube reflectors) live at the edge.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::api::{GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, NodeTaint};
+use crate::estimate::gpus::{self, GpuProduct};
+
+pub mod reflect;
+
+/// GPU Feature Discovery labels read when a node has no GpuNode.
+pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
+/// Per-GPU memory in MiB.
+pub const GFD_MEMORY: &str = "nvidia.com/gpu.memory";
+pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
+
+/// What the cluster has, at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// GpuNodes from agents plus synthetic ones from GFD labels.
+    pub nodes: Vec<GpuNode>,
+    /// Seconds since the Unix epoch when the snapshot was last refreshed.
+    pub refreshed_unix: Option<i64>,
+    /// True once every source has listed at least once.
+    pub synced: bool,
+    /// Judge staleness as of this time (seconds since the epoch) instead of
+    /// now: a static file is a picture of one moment, not a live feed.
+    pub as_of_unix: Option<i64>,
+}
+
+/// A GPU product the cluster has, with how many of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProductCount {
+    /// Catalog entry (for overheads); None when the product is unknown to the catalog.
+    pub catalog: Option<&'static GpuProduct>,
+    /// Product as reported.
+    pub product: String,
+    /// Memory one GPU offers a process.
+    pub usable_bytes: u64,
+    pub gpus: u64,
+    /// GPUs of this product on the node that has most of them.
+    pub max_per_node: u64,
+}
+
+impl Snapshot {
+    /// Distinct GPU products, largest memory first (deterministic).
+    pub fn products(&self) -> Vec<ProductCount> {
+        let mut by: BTreeMap<(String, u64), ProductCount> = BTreeMap::new();
+        for node in &self.nodes {
+            let Some(status) = &node.status else { continue };
+            let mut per_node: BTreeMap<(String, u64), u64> = BTreeMap::new();
+            for gpu in &status.gpus {
+                let devices: Vec<(String, u64)> = if gpu.mig_devices.is_empty() {
+                    vec![(gpu.product.clone(), gpu.total_bytes)]
+                } else {
+                    gpu.mig_devices
+                        .iter()
+                        .map(|m| (format!("{} MIG {}", gpu.product, m.profile), m.total_bytes))
+                        .collect()
+                };
+                for (product, total) in devices {
+                    let catalog = catalog_product(&product);
+                    let usable = match catalog {
+                        Some(c) if c.mig => total,
+                        _ => total.saturating_sub(gpus::DRIVER_RESERVE_BYTES),
+                    };
+                    let key = (product.clone(), usable);
+                    *per_node.entry(key.clone()).or_default() += 1;
+                    let e = by.entry(key).or_insert(ProductCount {
+                        catalog,
+                        product,
+                        usable_bytes: usable,
+                        gpus: 0,
+                        max_per_node: 0,
+                    });
+                    e.gpus += 1;
+                }
+            }
+            for (key, n) in per_node {
+                if let Some(e) = by.get_mut(&key) {
+                    e.max_per_node = e.max_per_node.max(n);
+                }
+            }
+        }
+        let mut out: Vec<ProductCount> = by.into_values().collect();
+        out.sort_by(|a, b| {
+            b.usable_bytes
+                .cmp(&a.usable_bytes)
+                .then(a.product.cmp(&b.product))
+        });
+        out
+    }
+}
+
+/// Map a reported product name ("NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-40GB")
+/// to the catalog entry it is.
+pub fn catalog_product(reported: &str) -> Option<&'static GpuProduct> {
+    let norm = |s: &str| {
+        s.to_ascii_lowercase()
+            .replace(['-', '_'], " ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let want = norm(reported);
+    gpus::GPUS
+        .iter()
+        .find(|g| norm(g.product) == want)
+        .or_else(|| gpus::find(reported))
+}
+
+/// A node with GFD labels and no GpuNode becomes a synthetic GpuNode whose GPUs
+/// are all free (nothing measured them).
+pub fn from_gfd_labels(node: &Node) -> Option<GpuNode> {
+    let labels = node.metadata.labels.as_ref()?;
+    let product = labels.get(GFD_PRODUCT)?.clone();
+    let mib: u64 = labels.get(GFD_MEMORY)?.parse().ok()?;
+    let count: u32 = labels.get(GFD_COUNT)?.parse().ok()?;
+    let total = mib.checked_mul(1024 * 1024)?;
+    let name = node.name_any();
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| NodeTaint {
+            key: t.key,
+            value: t.value,
+            effect: t.effect,
+        })
+        .collect();
+    let mut gn = GpuNode::new(
+        &name,
+        GpuNodeSpec {
+            node_name: name.clone(),
+            ttl_seconds: u64::MAX / 4,
+            taints,
+        },
+    );
+    gn.status = Some(GpuNodeStatus {
+        gpus: (0..count)
+            .map(|index| GpuStatus {
+                index,
+                product: product.clone(),
+                total_bytes: total,
+                free_bytes: total,
+                healthy: true,
+                ..Default::default()
+            })
+            .collect(),
+        gpu_count: count,
+        product: Some(product),
+        ..Default::default()
+    });
+    Some(gn)
+}
+
+/// Merge agent GpuNodes with GFD-labelled nodes that have none.
+pub fn merge(gpu_nodes: Vec<GpuNode>, nodes: &[Node]) -> Vec<GpuNode> {
+    let covered: std::collections::BTreeSet<String> =
+        gpu_nodes.iter().map(|g| g.spec.node_name.clone()).collect();
+    let mut out = gpu_nodes;
+    for n in nodes {
+        if covered.contains(&n.name_any()) {
+            continue;
+        }
+        if let Some(g) = from_gfd_labels(n) {
+            out.push(g);
+        }
+    }
+    out.sort_by(|a, b| a.spec.node_name.cmp(&b.spec.node_name));
+    out
+}
+
+/// Where the webhook reads the inventory from.
+pub trait Source: Send + Sync {
+    fn snapshot(&self) -> Snapshot;
+}
+
+/// A fixed inventory (a cluster file): synced from the start.
+#[derive(Clone, Debug, Default)]
+pub struct Static {
+    snapshot: Arc<RwLock<Snapshot>>,
+}
+
+impl Static {
+    pub fn new(nodes: Vec<GpuNode>, now_unix: i64) -> Static {
+        let as_of_unix = nodes
+            .iter()
+            .filter_map(|n| n.status.as_ref()?.probe_time.as_ref())
+            .map(|t| t.0.as_second())
+            .max();
+        Static {
+            snapshot: Arc::new(RwLock::new(Snapshot {
+                nodes,
+                refreshed_unix: Some(now_unix),
+                synced: true,
+                as_of_unix,
+            })),
+        }
+    }
+}
+
+impl Source for Static {
+    fn snapshot(&self) -> Snapshot {
+        self.snapshot
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[test]
+    fn gfd_labels_make_a_gpu_node() {
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some("gpu-1".into()),
+                labels: Some(
+                    [
+                        (GFD_PRODUCT.to_string(), "NVIDIA-A100-SXM4-40GB".to_string()),
+                        (GFD_MEMORY.to_string(), "40960".to_string()),
+                        (GFD_COUNT.to_string(), "8".to_string()),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let g = from_gfd_labels(&node).unwrap();
+        let s = g.status.unwrap();
+        assert_eq!(s.gpus.len(), 8);
+        assert_eq!(s.gpus[0].total_bytes, 40960 * 1024 * 1024);
+        let snap = Snapshot {
+            nodes: merge(Vec::new(), &[node]),
+            refreshed_unix: None,
+            synced: true,
+            as_of_unix: None,
+        };
+        let p = snap.products();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].gpus, 8);
+        assert_eq!(p[0].max_per_node, 8);
+        assert_eq!(p[0].catalog.map(|c| c.name), Some("a100-40gb"));
+    }
+
+    #[test]
+    fn a_node_without_labels_is_skipped() {
+        assert!(from_gfd_labels(&Node::default()).is_none());
+    }
+}

@@ -1,0 +1,955 @@
+//! Place: choose the node(s) and GPUs for a job over the cluster's `GpuNode`
+//! objects. Pure: the caller passes the objects, the reservations of admitted
+//! jobs and the time; nothing here reads a clock or the API.
+//!
+//! Rules:
+//! - a node is skipped when its data is stale (no `probeTime`, or older than
+//!   `ttlSeconds` at `now`) or it has a `NoSchedule`/`NoExecute` taint whose
+//!   key the job does not tolerate; unhealthy GPUs are skipped;
+//! - a GPU offers its probed free memory minus the reservations on it, and a
+//!   largest block no larger than that; MIG slices take single-GPU jobs only
+//!   (NCCL does not run across MIG devices), a GPU split into slices is not
+//!   offered whole;
+//! - all ranks on a node must fit; a job of `gpus` ranks with `gpusPerNode`
+//!   gets `gpus / gpusPerNode` whole nodes' worth, `gpusPerNode` fitting GPUs
+//!   on each;
+//! - best fit: the node(s) whose chosen GPUs leave the least headroom, and on a
+//!   node the GPUs with the least headroom, so big GPUs stay free for big jobs;
+//!   ties go to the node name, then the GPU index;
+//! - nothing fits now but would on empty GPUs of some eligible node: Wait;
+//!   otherwise Reject. Both say why, in bytes.
+
+use std::collections::HashMap;
+
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use super::{GpuView, Verdict, fit, with_margin};
+use crate::api::{GpuNode, GpuStatus, Placement, ValidatedJob};
+use crate::estimate::gpus::{self, Architecture, DRIVER_RESERVE_BYTES};
+use crate::estimate::{self, EstimateError, GIB, GpuProduct};
+
+/// Memory promised to an admitted job that does not run yet: counts as used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Kubernetes node name (`GpuNode.spec.nodeName`).
+    pub node: String,
+    pub gpu_index: u32,
+    /// The MIG device on that GPU, if the reservation is on a slice.
+    pub mig_index: Option<u32>,
+    pub bytes: u64,
+}
+
+/// What one rank needs on a GPU of some architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Need {
+    pub per_gpu_bytes: u64,
+    pub largest_tensor_bytes: u64,
+}
+
+/// The shape of the job to place and the context of the decision.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Ranks (one GPU each).
+    pub gpus: u64,
+    /// Ranks per node of a multi-node job.
+    pub gpus_per_node: u64,
+    pub safety_margin: f64,
+    /// Taint keys the job tolerates.
+    pub tolerations: &'a [String],
+    /// The time staleness is judged at.
+    pub now: Timestamp,
+}
+
+/// One rank's GPU (or MIG slice).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceAssignment {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    pub product: String,
+    pub verdict: Verdict,
+}
+
+/// The GPUs chosen on one node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAssignment {
+    pub node: String,
+    pub gpus: Vec<DeviceAssignment>,
+}
+
+/// Where every rank goes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    pub nodes: Vec<NodeAssignment>,
+    /// Headroom left on the chosen GPUs, summed.
+    pub headroom_bytes: u64,
+}
+
+impl Assignment {
+    /// `status.placement`: the first node and its GPU indices; every node when several.
+    pub fn to_status(&self) -> Placement {
+        let first = self.nodes.first();
+        Placement {
+            node: first.map(|n| n.node.clone()).unwrap_or_default(),
+            nodes: if self.nodes.len() > 1 {
+                self.nodes.iter().map(|n| n.node.clone()).collect()
+            } else {
+                Vec::new()
+            },
+            gpus: first
+                .map(|n| n.gpus.iter().map(|g| g.index).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The placement decision.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "decision", rename_all = "camelCase")]
+pub enum PlaceOutcome {
+    /// Run here now.
+    Placed(Assignment),
+    /// Nothing has room now, but empty GPUs of an eligible node would hold it.
+    Wait { reason: String },
+    /// No eligible node would hold it even empty.
+    Reject { reason: String },
+}
+
+impl PlaceOutcome {
+    pub fn assignment(&self) -> Option<&Assignment> {
+        match self {
+            PlaceOutcome::Placed(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// The architecture of a probed GPU: its `architecture` field, else its
+/// product name looked up in the catalog, else recognised by family.
+pub fn architecture_of(gpu: &GpuStatus) -> Option<Architecture> {
+    if let Some(a) = &gpu.architecture
+        && let Some(arch) = Architecture::ALL
+            .iter()
+            .find(|x| x.as_str().eq_ignore_ascii_case(a.trim()))
+    {
+        return Some(*arch);
+    }
+    let product = gpu.product.trim();
+    if let Some(p) = gpus::GPUS
+        .iter()
+        .find(|p| p.product.eq_ignore_ascii_case(product))
+        .or_else(|| gpus::find(product))
+    {
+        return Some(p.architecture);
+    }
+    let upper = product.to_ascii_uppercase();
+    const FAMILIES: &[(&str, Architecture)] = &[
+        ("H100", Architecture::Hopper),
+        ("H200", Architecture::Hopper),
+        ("H800", Architecture::Hopper),
+        ("B200", Architecture::Blackwell),
+        ("B100", Architecture::Blackwell),
+        ("RTX 50", Architecture::Blackwell),
+        ("A100", Architecture::Ampere),
+        ("A800", Architecture::Ampere),
+        ("A10", Architecture::Ampere),
+        ("A30", Architecture::Ampere),
+        ("A40", Architecture::Ampere),
+        ("RTX A", Architecture::Ampere),
+        ("RTX 30", Architecture::Ampere),
+        ("L40", Architecture::Ada),
+        ("L4", Architecture::Ada),
+        ("ADA", Architecture::Ada),
+        ("RTX 40", Architecture::Ada),
+        ("V100", Architecture::Volta),
+        ("T4", Architecture::Turing),
+        ("RTX 20", Architecture::Turing),
+    ];
+    FAMILIES
+        .iter()
+        .find(|(k, _)| upper.contains(k))
+        .map(|(_, a)| *a)
+}
+
+/// A whole-card catalog product of `arch` (the estimate depends on the GPU only through it).
+fn representative(arch: Architecture) -> &'static GpuProduct {
+    gpus::GPUS
+        .iter()
+        .find(|g| g.architecture == arch && !g.mig)
+        .expect("the catalog has a whole card of every architecture")
+}
+
+/// Architecture assumed for a GPU we cannot recognise: the one with the
+/// largest per-process overheads, so the need is not underestimated.
+const UNKNOWN_ARCHITECTURE: Architecture = Architecture::Blackwell;
+
+fn arch_slot(a: Architecture) -> usize {
+    Architecture::ALL
+        .iter()
+        .position(|x| *x == a)
+        .expect("ALL lists every architecture")
+}
+
+/// Place `job` (as written) over `nodes`, estimating it once per architecture.
+pub fn place(
+    job: &ValidatedJob,
+    nodes: &[GpuNode],
+    reservations: &[Reservation],
+    tolerations: &[String],
+    now: Timestamp,
+) -> Result<PlaceOutcome, EstimateError> {
+    let request = Request {
+        gpus: job.spec.parallelism.gpus,
+        gpus_per_node: job.gpus_per_node,
+        safety_margin: job.spec.fit_policy.safety_margin,
+        tolerations,
+        now,
+    };
+    let mut error = None;
+    let outcome = place_with(
+        &request,
+        nodes,
+        reservations,
+        &mut |arch| match estimate::estimate(job, representative(arch)) {
+            Ok(e) => Some(Need {
+                per_gpu_bytes: e.status.per_gpu_bytes,
+                largest_tensor_bytes: e.status.largest_tensor_bytes,
+            }),
+            Err(e) => {
+                error = Some(e);
+                None
+            }
+        },
+    );
+    match error {
+        Some(e) => Err(e),
+        None => Ok(outcome),
+    }
+}
+
+/// Which view of a GPU a pass judges.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Free memory now, minus reservations.
+    Now,
+    /// The GPU empty: what it would offer once its jobs end.
+    Empty,
+}
+
+/// One schedulable device of a node.
+struct Device<'n> {
+    index: u32,
+    mig: Option<(u32, &'n str)>,
+    arch: Architecture,
+    view: GpuView,
+}
+
+/// Why nodes were left out, for the reason of a Wait or Reject.
+#[derive(Default)]
+struct Tally<'n> {
+    stale: Vec<&'n str>,
+    tainted: Vec<(&'n str, String)>,
+    unhealthy_gpus: usize,
+    mig_gpus: usize,
+    unknown_gpus: usize,
+    /// Eligible nodes (fresh, tolerated).
+    eligible: usize,
+    /// Nodes with every rank's GPU.
+    candidates: usize,
+    /// The node with the most fitting devices: (count, node).
+    best: Option<(usize, &'n str)>,
+    /// The non-fitting device closest to fitting: (short by, node, index).
+    closest: Option<(u64, &'n str, u32)>,
+    /// Smallest and largest need (with margin) seen.
+    need: Option<(u64, u64)>,
+}
+
+/// A node's best-fit score for one pass.
+struct NodeFit {
+    fitting: usize,
+    headroom: u128,
+}
+
+struct Placer<'a> {
+    request: &'a Request<'a>,
+    ranks_per_node: usize,
+    single_rank: bool,
+    by_node: &'a HashMap<&'a str, Vec<&'a Reservation>>,
+    /// Per architecture: the need, and the need with the margin.
+    needs: [Option<Option<(Need, u64)>>; 6],
+    need_fn: &'a mut dyn FnMut(Architecture) -> Option<Need>,
+    tally: Tally<'a>,
+    scratch: Vec<(u64, u32, u32)>,
+    /// `architecture_of` by (architecture field, product): a cluster has few distinct ones.
+    arch_cache: Vec<(Option<&'a str>, &'a str, Option<Architecture>)>,
+}
+
+impl<'a> Placer<'a> {
+    fn need(&mut self, arch: Architecture) -> Option<(Need, u64)> {
+        let slot = arch_slot(arch);
+        if let Some(n) = self.needs[slot] {
+            return n;
+        }
+        let n = (self.need_fn)(arch)
+            .map(|n| (n, with_margin(n.per_gpu_bytes, self.request.safety_margin)));
+        self.needs[slot] = Some(n);
+        n
+    }
+
+    fn architecture(&mut self, gpu: &'a GpuStatus) -> Option<Architecture> {
+        let key = (gpu.architecture.as_deref(), gpu.product.as_str());
+        if let Some(hit) = self.arch_cache.iter().find(|c| (c.0, c.1) == key) {
+            return hit.2;
+        }
+        let arch = architecture_of(gpu);
+        self.arch_cache.push((key.0, key.1, arch));
+        arch
+    }
+
+    fn eligible(&mut self, node: &'a GpuNode) -> bool {
+        let name = node.spec.node_name.as_str();
+        let probe = node.status.as_ref().and_then(|s| s.probe_time.as_ref());
+        let fresh = probe.is_some_and(|t| {
+            let age = self.request.now.as_second().saturating_sub(t.0.as_second());
+            age <= i64::try_from(node.spec.ttl_seconds).unwrap_or(i64::MAX)
+        });
+        if !fresh {
+            self.tally.stale.push(name);
+            return false;
+        }
+        if let Some(t) = node.spec.taints.iter().find(|t| {
+            matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
+                && !self.request.tolerations.iter().any(|k| *k == t.key)
+        }) {
+            let value = t
+                .value
+                .as_deref()
+                .map(|v| format!("={v}"))
+                .unwrap_or_default();
+            self.tally
+                .tainted
+                .push((name, format!("{}{value}:{}", t.key, t.effect)));
+            return false;
+        }
+        true
+    }
+
+    /// Calls `f` with every device of `node` the job could use, in index order.
+    fn devices(
+        &mut self,
+        node: &'a GpuNode,
+        pass: Pass,
+        count: bool,
+        f: &mut dyn FnMut(&mut Self, Device<'a>),
+    ) {
+        let Some(status) = node.status.as_ref() else {
+            return;
+        };
+        let name = node.spec.node_name.as_str();
+        let by_node = self.by_node;
+        let held: &[&Reservation] = if by_node.is_empty() {
+            &[]
+        } else {
+            by_node.get(name).map_or(&[], Vec::as_slice)
+        };
+        let reserved = |index: u32, mig: Option<u32>| {
+            held.iter()
+                .filter(|r| r.gpu_index == index && r.mig_index == mig)
+                .fold(0u64, |acc, r| acc.saturating_add(r.bytes))
+        };
+        for gpu in &status.gpus {
+            if !gpu.healthy {
+                if count {
+                    self.tally.unhealthy_gpus += 1;
+                }
+                continue;
+            }
+            let arch = match self.architecture(gpu) {
+                Some(a) => a,
+                None => {
+                    if count {
+                        self.tally.unknown_gpus += 1;
+                    }
+                    UNKNOWN_ARCHITECTURE
+                }
+            };
+            if !gpu.mig_devices.is_empty() {
+                if !self.single_rank {
+                    if count {
+                        self.tally.mig_gpus += 1;
+                    }
+                    continue;
+                }
+                for m in &gpu.mig_devices {
+                    let view = match pass {
+                        Pass::Now => {
+                            let free = m
+                                .free_bytes
+                                .min(m.total_bytes)
+                                .saturating_sub(reserved(gpu.index, Some(m.index)));
+                            GpuView {
+                                total_bytes: m.total_bytes,
+                                free_bytes: free,
+                                largest_block_bytes: free,
+                            }
+                        }
+                        Pass::Empty => GpuView::empty(m.total_bytes),
+                    };
+                    f(
+                        self,
+                        Device {
+                            index: gpu.index,
+                            mig: Some((m.index, m.profile.as_str())),
+                            arch,
+                            view,
+                        },
+                    );
+                }
+                continue;
+            }
+            let view = match pass {
+                Pass::Now => {
+                    let free = gpu
+                        .free_bytes
+                        .min(gpu.total_bytes)
+                        .saturating_sub(reserved(gpu.index, None));
+                    let block = gpu.largest_free_block_bytes.unwrap_or(free).min(free);
+                    GpuView {
+                        total_bytes: gpu.total_bytes,
+                        free_bytes: free,
+                        largest_block_bytes: block,
+                    }
+                }
+                Pass::Empty => {
+                    let reserve = if gpu.reserved_bytes > 0 {
+                        gpu.reserved_bytes
+                    } else {
+                        DRIVER_RESERVE_BYTES
+                    };
+                    GpuView::empty(gpu.total_bytes.saturating_sub(reserve))
+                }
+            };
+            f(
+                self,
+                Device {
+                    index: gpu.index,
+                    mig: None,
+                    arch,
+                    view,
+                },
+            );
+        }
+    }
+
+    fn verdict(&mut self, d: &Device<'_>) -> Option<Verdict> {
+        let (need, _) = self.need(d.arch)?;
+        Some(fit(
+            need.per_gpu_bytes,
+            need.largest_tensor_bytes,
+            self.request.safety_margin,
+            d.view,
+        ))
+    }
+
+    /// How many devices of `node` fit and the headroom of the best-fitting
+    /// `ranks_per_node` of them.
+    fn score(&mut self, node: &'a GpuNode, pass: Pass) -> NodeFit {
+        let name = node.spec.node_name.as_str();
+        let count = pass == Pass::Now;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        self.devices(node, pass, count, &mut |p, d| {
+            // `fit` inlined: this runs for every GPU of the cluster.
+            let Some((n, need)) = p.need(d.arch) else {
+                return;
+            };
+            if count {
+                p.tally.need = Some(
+                    p.tally
+                        .need
+                        .map_or((need, need), |(lo, hi)| (lo.min(need), hi.max(need))),
+                );
+            }
+            let free = d.view.free_bytes;
+            let block = d.view.largest_block_bytes;
+            if need <= free && n.largest_tensor_bytes <= block {
+                scratch.push((free - need, d.index, d.mig.map_or(0, |m| m.0)));
+            } else if count {
+                let short = need
+                    .saturating_sub(free)
+                    .max(n.largest_tensor_bytes.saturating_sub(block));
+                if p.tally.closest.is_none_or(|c| (short, name, d.index) < c) {
+                    p.tally.closest = Some((short, name, d.index));
+                }
+            }
+        });
+        let fitting = scratch.len();
+        let mut headroom = 0u128;
+        if fitting >= self.ranks_per_node && self.ranks_per_node > 0 {
+            // The `ranks_per_node` tightest devices, in no particular order.
+            scratch.select_nth_unstable(self.ranks_per_node - 1);
+            headroom = scratch[..self.ranks_per_node]
+                .iter()
+                .map(|x| u128::from(x.0))
+                .sum();
+        }
+        self.scratch = scratch;
+        NodeFit { fitting, headroom }
+    }
+
+    /// The chosen devices of a node that scored as a candidate.
+    fn assign(&mut self, node: &'a GpuNode, pass: Pass) -> NodeAssignment {
+        let mut chosen: Vec<(u64, u32, u32, DeviceAssignment)> = Vec::new();
+        self.devices(node, pass, false, &mut |p, d| {
+            let Some(v) = p.verdict(&d) else { return };
+            if !v.fits {
+                return;
+            }
+            let product = node
+                .status
+                .as_ref()
+                .and_then(|s| s.gpus.iter().find(|g| g.index == d.index))
+                .map(|g| g.product.clone())
+                .unwrap_or_default();
+            let mig = d.mig.map(|m| m.0);
+            chosen.push((
+                v.headroom_bytes,
+                d.index,
+                mig.unwrap_or(0),
+                DeviceAssignment {
+                    index: d.index,
+                    mig_index: mig,
+                    mig_profile: d.mig.map(|m| m.1.to_string()),
+                    product,
+                    verdict: v,
+                },
+            ));
+        });
+        chosen.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        chosen.truncate(self.ranks_per_node);
+        let mut gpus: Vec<DeviceAssignment> = chosen.into_iter().map(|c| c.3).collect();
+        gpus.sort_by_key(|g| (g.index, g.mig_index));
+        NodeAssignment {
+            node: node.spec.node_name.clone(),
+            gpus,
+        }
+    }
+
+    /// The best nodes for one pass, or `None` when too few can hold their ranks.
+    fn choose(
+        &mut self,
+        nodes: &'a [GpuNode],
+        eligible: &[usize],
+        pass: Pass,
+    ) -> Option<Vec<usize>> {
+        let nodes_needed = usize::try_from(
+            self.request
+                .gpus
+                .div_ceil(self.request.gpus_per_node.max(1)),
+        )
+        .unwrap_or(usize::MAX);
+        let mut candidates: Vec<(u128, &'a str, usize)> = Vec::new();
+        for &i in eligible {
+            let node = &nodes[i];
+            let s = self.score(node, pass);
+            if pass == Pass::Now && self.tally.best.is_none_or(|b| s.fitting > b.0) {
+                self.tally.best = Some((s.fitting, node.spec.node_name.as_str()));
+            }
+            if s.fitting >= self.ranks_per_node {
+                candidates.push((s.headroom, node.spec.node_name.as_str(), i));
+            }
+        }
+        if pass == Pass::Now {
+            self.tally.candidates = candidates.len();
+        }
+        if candidates.len() < nodes_needed || nodes_needed == 0 {
+            return None;
+        }
+        // The `nodes_needed` best, then in order.
+        candidates.select_nth_unstable(nodes_needed - 1);
+        candidates[..nodes_needed].sort_unstable();
+        Some(candidates[..nodes_needed].iter().map(|c| c.2).collect())
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / GIB)
+}
+
+fn list(names: &[&str]) -> String {
+    const SHOWN: usize = 3;
+    let mut s = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        s.push_str(&format!(", … {} more", names.len() - SHOWN));
+    }
+    s
+}
+
+/// Place a job of `request.gpus` ranks, each needing `need(architecture)` on a
+/// GPU of that architecture (`None`: cannot run there).
+pub fn place_with(
+    request: &Request<'_>,
+    nodes: &[GpuNode],
+    reservations: &[Reservation],
+    need: &mut dyn FnMut(Architecture) -> Option<Need>,
+) -> PlaceOutcome {
+    let ranks = request.gpus.max(1);
+    let gpus_per_node = request.gpus_per_node.max(1);
+    let ranks_per_node = usize::try_from(ranks.min(gpus_per_node)).unwrap_or(usize::MAX);
+    let mut by_node: HashMap<&str, Vec<&Reservation>> = HashMap::new();
+    for r in reservations {
+        by_node.entry(r.node.as_str()).or_default().push(r);
+    }
+    let mut placer = Placer {
+        request,
+        ranks_per_node,
+        single_rank: ranks == 1,
+        by_node: &by_node,
+        needs: [None; 6],
+        need_fn: need,
+        tally: Tally::default(),
+        scratch: Vec::with_capacity(16),
+        arch_cache: Vec::new(),
+    };
+    let eligible: Vec<usize> = (0..nodes.len())
+        .filter(|&i| placer.eligible(&nodes[i]))
+        .collect();
+    placer.tally.eligible = eligible.len();
+
+    if let Some(chosen) = placer.choose(nodes, &eligible, Pass::Now) {
+        let assigned: Vec<NodeAssignment> = chosen
+            .iter()
+            .map(|&i| placer.assign(&nodes[i], Pass::Now))
+            .collect();
+        let headroom = assigned
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .fold(0u64, |acc, g| acc.saturating_add(g.verdict.headroom_bytes));
+        return PlaceOutcome::Placed(Assignment {
+            nodes: assigned,
+            headroom_bytes: headroom,
+        });
+    }
+    let later = placer.choose(nodes, &eligible, Pass::Empty);
+
+    // Why, in numbers.
+    let t = &placer.tally;
+    let nodes_needed = ranks.div_ceil(gpus_per_node);
+    let need = match t.need {
+        Some((lo, hi)) if lo == hi => format!("{} per GPU", gib(lo)),
+        Some((lo, hi)) => format!("{}–{} per GPU", gib(lo), gib(hi)),
+        None => "an unknown amount per GPU".to_string(),
+    };
+    let shape = if nodes_needed > 1 {
+        format!("{nodes_needed} nodes with {ranks_per_node} GPUs of {need} each")
+    } else {
+        format!("{ranks_per_node} GPU(s) of {need} on one node")
+    };
+    let mut skipped = Vec::new();
+    if !t.stale.is_empty() {
+        skipped.push(format!("{} stale ({})", t.stale.len(), list(&t.stale)));
+    }
+    if !t.tainted.is_empty() {
+        let named: Vec<String> = t.tainted.iter().map(|(n, k)| format!("{n}: {k}")).collect();
+        let named: Vec<&str> = named.iter().map(String::as_str).collect();
+        skipped.push(format!("{} tainted ({})", t.tainted.len(), list(&named)));
+    }
+    if t.unhealthy_gpus > 0 {
+        skipped.push(format!("{} unhealthy GPU(s)", t.unhealthy_gpus));
+    }
+    if t.mig_gpus > 0 {
+        skipped.push(format!(
+            "{} GPU(s) split into MIG slices (single-GPU jobs only)",
+            t.mig_gpus
+        ));
+    }
+    let skipped = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!("; skipped: {}", skipped.join(", "))
+    };
+    let unknown = if t.unknown_gpus > 0 {
+        format!(
+            "; {} GPU(s) of unknown product judged as {}",
+            t.unknown_gpus,
+            UNKNOWN_ARCHITECTURE.as_str()
+        )
+    } else {
+        String::new()
+    };
+    let mut now = Vec::new();
+    if t.eligible > 0 {
+        if let Some((k, node)) = t.best.filter(|b| b.0 > 0) {
+            now.push(format!(
+                "the best, {node}, has {k} of {ranks_per_node} GPU(s) with room"
+            ));
+        }
+        if let Some((short, node, idx)) = t.closest {
+            now.push(format!(
+                "closest: GPU {idx} on {node}, short by {}",
+                gib(short)
+            ));
+        }
+    }
+    let now = if now.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", now.join("; "))
+    };
+    let room = if nodes_needed > 1 {
+        format!(" ({} of {nodes_needed} nodes have room)", t.candidates)
+    } else {
+        String::new()
+    };
+    match later {
+        Some(chosen) => {
+            let names: Vec<&str> = chosen
+                .iter()
+                .map(|&i| nodes[i].spec.node_name.as_str())
+                .collect();
+            PlaceOutcome::Wait {
+                reason: format!(
+                    "no room now for {shape}{room}{now}; it fits {} once running or admitted jobs free their GPUs{skipped}{unknown}",
+                    names.join(", ")
+                ),
+            }
+        }
+        None if t.eligible == 0 => PlaceOutcome::Reject {
+            reason: format!(
+                "no eligible node among {} for {shape}{skipped}",
+                nodes.len()
+            ),
+        },
+        None => PlaceOutcome::Reject {
+            reason: format!(
+                "no eligible node can hold {shape} even with its GPUs empty ({} of {} nodes eligible){now}{skipped}{unknown}",
+                t.eligible,
+                nodes.len()
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{GpuNodeSpec, GpuNodeStatus, MigDevice, NodeTaint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const GIB_U: u64 = 1 << 30;
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).expect("valid time")
+    }
+
+    fn gpu(index: u32, total_gib: u64, free_gib: u64) -> GpuStatus {
+        GpuStatus {
+            index,
+            product: "NVIDIA H100 80GB HBM3".into(),
+            total_bytes: total_gib * GIB_U,
+            free_bytes: free_gib * GIB_U,
+            healthy: true,
+            ..GpuStatus::default()
+        }
+    }
+
+    fn node(name: &str, gpus: Vec<GpuStatus>) -> GpuNode {
+        let mut n = GpuNode::new(
+            name,
+            GpuNodeSpec {
+                node_name: name.into(),
+                ttl_seconds: 120,
+                taints: Vec::new(),
+            },
+        );
+        n.status = Some(GpuNodeStatus {
+            gpu_count: u32::try_from(gpus.len()).expect("few GPUs"),
+            gpus,
+            probe_time: Some(Time(now())),
+            ..GpuNodeStatus::default()
+        });
+        n
+    }
+
+    fn request(gpus: u64, per_node: u64) -> Request<'static> {
+        Request {
+            gpus,
+            gpus_per_node: per_node,
+            safety_margin: 0.0,
+            tolerations: &[],
+            now: now(),
+        }
+    }
+
+    fn need_gib(g: u64) -> impl FnMut(Architecture) -> Option<Need> {
+        move |_| {
+            Some(Need {
+                per_gpu_bytes: g * GIB_U,
+                largest_tensor_bytes: GIB_U,
+            })
+        }
+    }
+
+    #[test]
+    fn best_fit_picks_the_tightest_gpu() {
+        let nodes = vec![
+            node("a", vec![gpu(0, 80, 70), gpu(1, 80, 30)]),
+            node("b", vec![gpu(0, 80, 25)]),
+        ];
+        let out = place_with(&request(1, 1), &nodes, &[], &mut need_gib(20));
+        let a = out.assignment().expect("placed");
+        assert_eq!(a.nodes[0].node, "b");
+        assert_eq!(a.nodes[0].gpus[0].index, 0);
+        assert_eq!(a.headroom_bytes, 5 * GIB_U);
+        assert_eq!(a.to_status().node, "b");
+    }
+
+    #[test]
+    fn reservations_count_as_used() {
+        let nodes = vec![node("a", vec![gpu(0, 80, 30), gpu(1, 80, 50)])];
+        let res = [Reservation {
+            node: "a".into(),
+            gpu_index: 0,
+            mig_index: None,
+            bytes: 20 * GIB_U,
+        }];
+        let out = place_with(&request(1, 1), &nodes, &res, &mut need_gib(20));
+        assert_eq!(out.assignment().expect("placed").nodes[0].gpus[0].index, 1);
+    }
+
+    #[test]
+    fn all_ranks_of_a_node_must_fit() {
+        let nodes = vec![
+            node("a", vec![gpu(0, 80, 70), gpu(1, 80, 10)]),
+            node("b", vec![gpu(0, 80, 40), gpu(1, 80, 40)]),
+        ];
+        let out = place_with(&request(2, 2), &nodes, &[], &mut need_gib(30));
+        let a = out.assignment().expect("placed");
+        assert_eq!(a.to_status().node, "b");
+        assert_eq!(a.to_status().gpus, vec![0, 1]);
+    }
+
+    #[test]
+    fn multi_node_jobs_get_whole_nodes() {
+        let nodes = vec![
+            node("a", vec![gpu(0, 80, 70), gpu(1, 80, 70)]),
+            node("b", vec![gpu(0, 80, 40), gpu(1, 80, 40)]),
+            node("c", vec![gpu(0, 80, 40), gpu(1, 80, 10)]),
+        ];
+        let out = place_with(&request(4, 2), &nodes, &[], &mut need_gib(30));
+        let a = out.assignment().expect("placed");
+        let names: Vec<&str> = a.nodes.iter().map(|n| n.node.as_str()).collect();
+        assert_eq!(names, vec!["b", "a"]);
+        assert_eq!(a.to_status().nodes, vec!["b", "a"]);
+    }
+
+    #[test]
+    fn busy_gpus_mean_wait_small_ones_reject() {
+        let nodes = vec![node("a", vec![gpu(0, 80, 10)])];
+        match place_with(&request(1, 1), &nodes, &[], &mut need_gib(30)) {
+            PlaceOutcome::Wait { reason } => {
+                assert!(reason.contains("fits a once"), "{reason}");
+                assert!(reason.contains("short by 20.0 GiB"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match place_with(&request(1, 1), &nodes, &[], &mut need_gib(90)) {
+            PlaceOutcome::Reject { reason } => {
+                assert!(reason.contains("even with its GPUs empty"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn stale_tainted_and_unhealthy_are_skipped() {
+        let mut stale = node("stale", vec![gpu(0, 80, 80)]);
+        if let Some(s) = stale.status.as_mut() {
+            s.probe_time = Some(Time(
+                Timestamp::from_second(1_800_000_000 - 121).expect("valid time"),
+            ));
+        }
+        let mut tainted = node("tainted", vec![gpu(0, 80, 80)]);
+        tainted.spec.taints.push(NodeTaint {
+            key: "dedicated".into(),
+            value: Some("infer".into()),
+            effect: "NoSchedule".into(),
+        });
+        let mut sick = node("sick", vec![gpu(0, 80, 80)]);
+        if let Some(s) = sick.status.as_mut() {
+            s.gpus[0].healthy = false;
+        }
+        let nodes = vec![stale, tainted, sick];
+        match place_with(&request(1, 1), &nodes, &[], &mut need_gib(10)) {
+            PlaceOutcome::Reject { reason } => {
+                assert!(reason.contains("1 stale (stale)"), "{reason}");
+                assert!(
+                    reason.contains("tainted: dedicated=infer:NoSchedule"),
+                    "{reason}"
+                );
+                assert!(reason.contains("1 unhealthy GPU"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let tolerations = ["dedicated".to_string()];
+        let req = Request {
+            tolerations: &tolerations,
+            ..request(1, 1)
+        };
+        let out = place_with(&req, &nodes, &[], &mut need_gib(10));
+        assert_eq!(out.assignment().expect("placed").nodes[0].node, "tainted");
+    }
+
+    #[test]
+    fn mig_slices_take_single_gpu_jobs() {
+        let mut g = gpu(0, 80, 0);
+        g.product = "NVIDIA A100-SXM4-80GB".into();
+        g.mig_devices = vec![
+            MigDevice {
+                index: 0,
+                profile: "3g.40gb".into(),
+                total_bytes: 39 * GIB_U,
+                free_bytes: 39 * GIB_U,
+                ..MigDevice::default()
+            },
+            MigDevice {
+                index: 1,
+                profile: "1g.10gb".into(),
+                total_bytes: 9 * GIB_U,
+                free_bytes: 9 * GIB_U,
+                ..MigDevice::default()
+            },
+        ];
+        let nodes = vec![node("mig", vec![g])];
+        let out = place_with(&request(1, 1), &nodes, &[], &mut need_gib(8));
+        let d = &out.assignment().expect("placed").nodes[0].gpus[0];
+        assert_eq!(
+            (d.mig_index, d.mig_profile.as_deref()),
+            (Some(1), Some("1g.10gb"))
+        );
+        let out = place_with(&request(2, 2), &nodes, &[], &mut need_gib(8));
+        assert!(matches!(out, PlaceOutcome::Reject { .. }), "{out:?}");
+    }
+
+    #[test]
+    fn architecture_is_recognised() {
+        let mut g = gpu(0, 80, 80);
+        assert_eq!(architecture_of(&g), Some(Architecture::Hopper));
+        g.product = "NVIDIA A100-SXM4-40GB".into();
+        assert_eq!(architecture_of(&g), Some(Architecture::Ampere));
+        g.product = "NVIDIA L40S".into();
+        assert_eq!(architecture_of(&g), Some(Architecture::Ada));
+        g.product = "NVIDIA A100 80GB PCIe".into();
+        assert_eq!(architecture_of(&g), Some(Architecture::Ampere));
+        g.product = "Mystery GPU".into();
+        assert_eq!(architecture_of(&g), None);
+        g.architecture = Some("Hopper".into());
+        assert_eq!(architecture_of(&g), Some(Architecture::Hopper));
+    }
+}

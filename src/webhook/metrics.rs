@@ -1,0 +1,81 @@
+//! Prometheus metrics of the webhook (prefix `vramguard`): reviews by verdict
+//! and reason (bounded labels), review latency, inventory age.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// allowed | denied | invalid.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Verdict {
+    Allowed,
+    Denied,
+    Invalid,
+}
+
+/// Why, in a bounded set.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Reason {
+    /// Fits some GPU product as written.
+    Fits,
+    /// Fits only after an allowed change.
+    FitsAfterChange,
+    /// Fits nowhere in any allowed form.
+    NoFit,
+    /// The spec has invalid fields.
+    InvalidSpec,
+    /// An immutable field changed on UPDATE.
+    Immutable,
+    /// Not a TrainingJob, or an operation we do not judge.
+    NotJudged,
+    /// The review itself could not be read.
+    Malformed,
+    /// The cluster reports no GPUs.
+    NoInventory,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub verdict: Verdict,
+    pub reason: Reason,
+}
+
+/// The webhook's metric families.
+#[derive(Clone)]
+pub struct Metrics {
+    pub reviews: Family<ReviewLabels, Counter>,
+    pub latency: Histogram,
+    pub inventory_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            reviews: Family::default(),
+            // 50 µs .. ~0.8 s.
+            latency: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.00005, 2.0, 15,
+            )),
+            inventory_age: Gauge::default(),
+        };
+        registry.register(
+            "reviews",
+            "Admission reviews answered, by verdict and reason",
+            m.reviews.clone(),
+        );
+        registry.register(
+            "review_duration_seconds",
+            "Time to answer one admission review",
+            m.latency.clone(),
+        );
+        registry.register(
+            "inventory_age_seconds",
+            "Seconds since the GPU inventory was last refreshed",
+            m.inventory_age.clone(),
+        );
+        m
+    }
+}

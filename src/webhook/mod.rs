@@ -1,0 +1,10 @@
+//! The admission webhook: axum over rustls. `/validate` answers AdmissionReview
+//! v1 for TrainingJobs with the planner's verdict; `/healthz`, `/readyz`
+//! (ready once the inventory has synced) and `/metrics`.
+
+pub mod decide;
+pub mod metrics;
+pub mod server;
+pub mod tls;
+
+pub use server::{AppState, Limits, router, router_with, serve};

@@ -1,0 +1,203 @@
+//! The HTTP side: a router any test can drive with `oneshot`, and `serve`,
+//! which binds TLS, reloads certificates and drains in-flight reviews on
+//! shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use k8s_openapi::jiff::Timestamp;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use prometheus_client::registry::Registry;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use super::decide;
+use super::metrics::{Metrics, Reason, ReviewLabels, Verdict};
+use crate::inventory::Source;
+
+/// Largest AdmissionReview body accepted (the API server caps objects at 1.5 MiB; reviews
+/// carry the object and the old object).
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Longest a request may take, body included (the API server's default webhook timeout is 10 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Shared, read-only state of every handler.
+pub struct AppState {
+    pub inventory: Arc<dyn Source>,
+    pub metrics: Metrics,
+    pub registry: Registry,
+}
+
+impl AppState {
+    pub fn new(inventory: Arc<dyn Source>) -> AppState {
+        let mut registry = Registry::with_prefix("vramguard");
+        let metrics = Metrics::register(&mut registry);
+        AppState {
+            inventory,
+            metrics,
+            registry,
+        }
+    }
+}
+
+/// Bounds on one request.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub body_bytes: usize,
+    pub timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            body_bytes: MAX_BODY_BYTES,
+            timeout: REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// The webhook's routes with the default body limit and request timeout.
+pub fn router(state: Arc<AppState>) -> Router {
+    router_with(state, Limits::default())
+}
+
+/// The webhook's routes with the given limits.
+pub fn router_with(state: Arc<AppState>, limits: Limits) -> Router {
+    Router::new()
+        .route("/validate", post(validate))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(RequestBodyLimitLayer::new(limits.body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.timeout,
+        ))
+        .with_state(state)
+}
+
+fn json(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
+    match serde_json::to_vec(review) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let count = |verdict, reason| {
+        state
+            .metrics
+            .reviews
+            .get_or_create(&ReviewLabels { verdict, reason })
+            .inc();
+        state
+            .metrics
+            .latency
+            .observe(started.elapsed().as_secs_f64());
+    };
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            count(Verdict::Invalid, Reason::Malformed);
+            let resp = AdmissionResponse::invalid(format!("not an AdmissionReview: {e}"));
+            return json(StatusCode::BAD_REQUEST, &resp.into_review());
+        }
+    };
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => {
+            count(Verdict::Invalid, Reason::Malformed);
+            let resp =
+                AdmissionResponse::invalid(format!("the AdmissionReview has no request: {e}"));
+            return json(StatusCode::BAD_REQUEST, &resp.into_review());
+        }
+    };
+    let snapshot = state.inventory.snapshot();
+    let now = Timestamp::now();
+    if let Some(t) = snapshot.refreshed_unix {
+        state
+            .metrics
+            .inventory_age
+            .set((now.as_second() - t).max(0) as f64);
+    }
+    let decision = decide::review(&request, &snapshot, now);
+    tracing::info!(
+        uid = %request.uid,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        name = %request.name,
+        dry_run = request.dry_run,
+        allowed = decision.response.allowed,
+        reason = ?decision.reason,
+        "admission review"
+    );
+    count(decision.verdict, decision.reason);
+    json(StatusCode::OK, &decision.response.into_review())
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.inventory.snapshot().synced {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the GPU inventory has not synced yet",
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut out = String::new();
+    match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            out,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// Serve `router` over TLS on `addr` until `shutdown` resolves, then stop
+/// accepting and give in-flight requests `drain` to finish. `bound` receives
+/// the actual address (useful with port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    drain: Duration,
+    bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> std::io::Result<()> {
+    let handle = axum_server::Handle::new();
+    let h = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        h.graceful_shutdown(Some(drain));
+    });
+    if let Some(tx) = bound {
+        let h = handle.clone();
+        tokio::spawn(async move {
+            if let Some(a) = h.listening().await {
+                let _ = tx.send(a);
+            }
+        });
+    }
+    axum_server::bind_rustls(addr, tls)
+        .handle(handle)
+        .serve(router.into_make_service())
+        .await
+}

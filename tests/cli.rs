@@ -1,0 +1,414 @@
+//! The real `vramguard` binary on temporary files: exit codes (0 fits, 1 does
+//! not fit, 2 bad input), output formats, and no panic whatever the input.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_vramguard");
+
+/// A file under the system temp dir, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(contents: &[u8]) -> TempFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "vramguard-cli-test-{}-{n}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, contents).expect("the temp dir is writable");
+        TempFile(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Exit code, stdout and stderr of one run.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn finish(out: Output, args: &[&str]) -> Run {
+    let run = Run {
+        code: out.status.code().expect("the binary exits, not killed"),
+        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "vramguard {args:?} panicked:\n{}",
+        run.stderr
+    );
+    run
+}
+
+fn command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    // The flags' env fallbacks must not leak in from the test environment.
+    for var in [
+        "VRAMGUARD_FILE",
+        "VRAMGUARD_GPU",
+        "VRAMGUARD_GPUS",
+        "VRAMGUARD_OUTPUT",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// `vramguard estimate -f <file with contents> <extra...>`.
+fn estimate(contents: &[u8], extra: &[&str]) -> Run {
+    let file = TempFile::new(contents);
+    let path = file.0.to_str().expect("temp paths are UTF-8").to_string();
+    let mut args = vec!["estimate", "-f", path.as_str()];
+    args.extend_from_slice(extra);
+    let out = command(&args).output().expect("the binary runs");
+    finish(out, &args)
+}
+
+fn job(name: &str, spec: &str) -> String {
+    let mut text = format!(
+        "apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: {name}\nspec:\n"
+    );
+    for line in spec.lines() {
+        text.push_str("  ");
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
+fn small() -> String {
+    job(
+        "small",
+        "model: {preset: gpt2}\ntraining: {mode: full, microBatchSize: 4, sequenceLength: 1024}",
+    )
+}
+
+fn huge() -> String {
+    job(
+        "huge",
+        "model: {preset: llama-3.1-70b}\ntraining: {mode: full, microBatchSize: 1, sequenceLength: 4096}",
+    )
+}
+
+fn json(run: &Run) -> Value {
+    serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", run.stdout))
+}
+
+fn u64_at(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer)
+        .unwrap_or_else(|| panic!("{pointer} missing in {v}"))
+        .as_u64()
+        .unwrap_or_else(|| panic!("{pointer} is not an unsigned integer in {v}"))
+}
+
+#[test]
+fn a_small_job_that_fits_exits_0() {
+    let run = estimate(small().as_bytes(), &["--gpu", "h100"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("small: gpt2"), "{}", run.stdout);
+    assert!(run.stdout.contains("fits with"), "{}", run.stdout);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+}
+
+#[test]
+fn a_job_that_does_not_fit_exits_1() {
+    let run = estimate(huge().as_bytes(), &["--gpu", "t4"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("short by"), "{}", run.stdout);
+}
+
+#[test]
+fn one_misfit_among_several_jobs_exits_1() {
+    let text = format!("{}---\n{}", small(), huge());
+    let run = estimate(text.as_bytes(), &["--gpu", "t4"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+}
+
+#[test]
+fn bad_input_exits_2() {
+    let garbage: Vec<u8> = {
+        // Deterministic pseudo-random bytes, with bytes that are never UTF-8.
+        let mut x: u32 = 0x9e37_79b9;
+        let mut v: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x.to_le_bytes()[0]
+            })
+            .collect();
+        v.extend_from_slice(&[0xff, 0xfe, 0xc0, 0x80, 0x00]);
+        v
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty file", Vec::new(), "no document"),
+        ("only a comment", b"# nothing here\n".to_vec(), "no document"),
+        ("binary garbage", garbage, "not UTF-8"),
+        (
+            "YAML syntax error",
+            b"apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nspec: {model: [unclosed\n"
+                .to_vec(),
+            "not valid YAML",
+        ),
+        (
+            "not a TrainingJob",
+            b"apiVersion: v1\nkind: Pod\n".to_vec(),
+            "apiVersion",
+        ),
+        (
+            "invalid spec",
+            job("bad", "model: {preset: gpt2}\ntraining: {microBatchSize: 0}").into_bytes(),
+            "spec.training.microBatchSize: 0 is not allowed",
+        ),
+        (
+            "parameter count overflow",
+            job(
+                "overflow",
+                "model:\n  transformer: {layers: 16777216, hiddenSize: 16777216, attentionHeads: 128, intermediateSize: 16777216, vocabSize: 16777216}",
+            )
+            .into_bytes(),
+            "overflows",
+        ),
+    ];
+    for (case, contents, needle) in cases {
+        let run = estimate(&contents, &[]);
+        assert_eq!(run.code, 2, "{case}: {}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains(needle),
+            "{case}: stderr lacks {needle:?}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn a_bad_second_document_is_named() {
+    let bad = job(
+        "second",
+        "model: {preset: gpt2}\ntraining: {precision: fp8}",
+    );
+    let text = format!("{}---\n{bad}", small());
+    let run = estimate(text.as_bytes(), &[]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("document 2 (second)"),
+        "stderr does not name document 2:\n{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("spec.training.precision"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("document 1"),
+        "the good document is blamed:\n{}",
+        run.stderr
+    );
+    // The good document is still reported.
+    assert!(run.stdout.contains("small: gpt2"), "{}", run.stdout);
+}
+
+#[test]
+fn an_unknown_gpu_exits_2() {
+    for flag in ["--gpu", "--gpus"] {
+        let run = estimate(small().as_bytes(), &[flag, "h900"]);
+        assert_eq!(run.code, 2, "{flag}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("unknown GPU \"h900\""),
+            "{}",
+            run.stderr
+        );
+        assert!(run.stderr.contains("h100-80gb"), "{}", run.stderr);
+        assert!(run.stdout.is_empty(), "{}", run.stdout);
+    }
+}
+
+#[test]
+fn a_missing_file_exits_2() {
+    let args = ["estimate", "-f", "/nonexistent/vramguard/job.yaml"];
+    let run = finish(command(&args).output().expect("runs"), &args);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("/nonexistent/vramguard/job.yaml"));
+}
+
+#[test]
+fn stdin_is_read_with_dash() {
+    let args = ["estimate", "-f", "-", "-o", "json"];
+    let mut child = command(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(small().as_bytes())
+        .expect("the child reads stdin");
+    let run = finish(child.wait_with_output().expect("the child exits"), &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(json(&run)["name"], "small");
+}
+
+#[test]
+fn json_output_has_integer_byte_counts() {
+    let run = estimate(small().as_bytes(), &["-o", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v = json(&run);
+    assert!(v.is_object(), "one job gives one object: {v}");
+    let allocated = u64_at(&v, "/estimate/peakAllocatedBytes");
+    let reserved = u64_at(&v, "/estimate/peakReservedBytes");
+    let per_gpu = u64_at(&v, "/estimate/perGpuBytes");
+    let largest = u64_at(&v, "/estimate/largestTensorBytes");
+    assert!(allocated > 0, "{v}");
+    assert!(allocated <= reserved, "{allocated} > {reserved}");
+    assert!(reserved <= per_gpu, "{reserved} > {per_gpu}");
+    assert!(
+        largest > 0 && largest <= allocated,
+        "{largest} vs {allocated}"
+    );
+    let breakdown = v["estimate"]["breakdown"]
+        .as_object()
+        .expect("breakdown is an object");
+    for key in [
+        "weights",
+        "gradients",
+        "optimizerStates",
+        "activations",
+        "logits",
+        "inputs",
+        "temporaries",
+        "allocatorOverhead",
+        "cudaContext",
+        "workspaces",
+        "communication",
+    ] {
+        u64_at(&v, &format!("/estimate/breakdown/{key}"));
+        assert!(breakdown.contains_key(key), "{key}");
+    }
+    assert_eq!(
+        breakdown.len(),
+        11,
+        "unexpected breakdown keys: {breakdown:?}"
+    );
+    // gpt2 full fine-tuning with AdamW: weights, gradients and states are all there.
+    assert!(u64_at(&v, "/estimate/breakdown/weights") > 0);
+    assert!(u64_at(&v, "/estimate/breakdown/optimizerStates") > 0);
+    assert_eq!(v["fits"], true);
+    assert_eq!(v["model"], "gpt2");
+}
+
+#[test]
+fn json_output_of_two_documents_is_an_array_of_two() {
+    let text = format!("{}---\n{}", small(), huge());
+    let run = estimate(text.as_bytes(), &["-o", "json", "--gpu", "h100-80gb"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run);
+    let items = v.as_array().expect("two jobs give an array");
+    assert_eq!(items.len(), 2, "{v}");
+    assert_eq!(items[0]["name"], "small");
+    assert_eq!(items[1]["name"], "huge");
+    assert_eq!(items[0]["fits"], true);
+    assert_eq!(items[1]["fits"], false);
+    for item in items {
+        let allocated = u64_at(item, "/estimate/peakAllocatedBytes");
+        let reserved = u64_at(item, "/estimate/peakReservedBytes");
+        let per_gpu = u64_at(item, "/estimate/perGpuBytes");
+        assert!(allocated <= reserved && reserved <= per_gpu, "{item}");
+    }
+    // The bigger model needs more.
+    assert!(
+        u64_at(&items[1], "/estimate/perGpuBytes") > u64_at(&items[0], "/estimate/perGpuBytes")
+    );
+}
+
+#[test]
+fn yaml_output_parses_back_and_matches_json() {
+    let yaml = estimate(small().as_bytes(), &["-o", "yaml"]);
+    assert_eq!(yaml.code, 0, "{}", yaml.stderr);
+    let from_yaml: Value = serde_saphyr::from_str(&yaml.stdout)
+        .unwrap_or_else(|e| panic!("-o yaml does not parse back ({e}):\n{}", yaml.stdout));
+    let from_json = json(&estimate(small().as_bytes(), &["-o", "json"]));
+    assert_eq!(from_yaml, from_json);
+}
+
+#[test]
+fn two_gpus_give_two_verdicts() {
+    let run = estimate(
+        small().as_bytes(),
+        &["--gpus", "a10g,h100-80gb", "-o", "json"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v = json(&run);
+    let verdicts = v["verdicts"].as_array().expect("verdicts is a list");
+    assert_eq!(verdicts.len(), 2, "{v}");
+    assert_eq!(verdicts[0]["gpu"], "a10g");
+    assert_eq!(verdicts[1]["gpu"], "h100-80gb");
+    assert!(
+        u64_at(&verdicts[0], "/usableBytes") < u64_at(&verdicts[1], "/usableBytes"),
+        "an A10G has less memory than an H100"
+    );
+    for verdict in verdicts {
+        assert!(verdict["verdict"]["fits"].is_boolean(), "{verdict}");
+        assert!(verdict["message"].is_string(), "{verdict}");
+    }
+
+    let table = estimate(small().as_bytes(), &["--gpus", "a10g,h100-80gb"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(table.stdout.contains("a10g"), "{}", table.stdout);
+    assert!(table.stdout.contains("h100-80gb"), "{}", table.stdout);
+}
+
+#[test]
+fn fits_one_of_several_gpus_exits_0() {
+    // 8B LoRA needs more than a T4 but fits an H100.
+    let text = job(
+        "lora",
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 2048}",
+    );
+    let run = estimate(text.as_bytes(), &["--gpus", "t4,h100-80gb", "-o", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v = json(&run);
+    assert_eq!(v["verdicts"][0]["verdict"]["fits"], false, "{v}");
+    assert_eq!(v["verdicts"][1]["verdict"]["fits"], true, "{v}");
+}
+
+#[test]
+fn crds_subcommand_prints_both_crds() {
+    let args = ["crds"];
+    let run = finish(command(&args).output().expect("runs"), &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout, vramguard::cli::crds::crds_yaml());
+    assert!(run.stdout.contains("trainingjobs.vramguard.io"));
+    assert!(run.stdout.contains("gpunodes.vramguard.io"));
+}
+
+#[test]
+fn usage_errors_exit_2_without_panic() {
+    for args in [
+        &["estimate"][..],
+        &["estimate", "-f", "x.yaml", "-o", "xml"],
+        &["estimate", "-f", "x.yaml", "--gpu", "t4", "--gpus", "a10g"],
+        &["frobnicate"],
+    ] {
+        let run = finish(command(args).output().expect("runs"), args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+    }
+}

@@ -1,0 +1,614 @@
+//! Table tests of parsing and validation: every bad spec is rejected with
+//! errors that name the field path and the reason, all problems at once, and
+//! nothing a user can write makes the parser or validator panic.
+
+use vramguard::api::parse::{self, ParseError, documents, training_job};
+use vramguard::api::{FieldError, ValidatedJob, validate};
+
+/// A TrainingJob document around `spec` (the spec's YAML, indented by 2).
+fn job(spec: &str) -> String {
+    let mut text = String::from(
+        "apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: t\nspec:\n",
+    );
+    for line in spec.lines() {
+        text.push_str("  ");
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
+/// Parse one document and validate it; the field errors of whichever step failed.
+fn check(text: &str) -> Result<ValidatedJob, Vec<FieldError>> {
+    let docs = documents(text).unwrap_or_else(|e| panic!("not YAML: {e}\n{text}"));
+    assert_eq!(docs.len(), 1, "expected one document:\n{text}");
+    let doc = docs
+        .into_iter()
+        .next()
+        .expect("one document, checked above");
+    match training_job(doc) {
+        Ok(tj) => validate(&tj.spec).map_err(|e| e.0),
+        Err(ParseError::Fields(errs)) => Err(errs),
+        Err(other) => panic!("expected field errors, got {other:?}\n{text}"),
+    }
+}
+
+fn errors(text: &str) -> Vec<FieldError> {
+    match check(text) {
+        Ok(_) => panic!("expected this spec to be rejected:\n{text}"),
+        Err(errs) => {
+            assert!(!errs.is_empty(), "rejected without a reason:\n{text}");
+            errs
+        }
+    }
+}
+
+fn paths(errs: &[FieldError]) -> Vec<&str> {
+    errs.iter().map(|e| e.path.as_str()).collect()
+}
+
+const BASE: &str = "\
+model:
+  preset: llama-3.1-8b
+training:
+  mode: lora
+  microBatchSize: 2
+  sequenceLength: 1024
+parallelism:
+  gpus: 1
+";
+
+#[test]
+fn the_base_spec_is_valid() {
+    let job = check(&job(BASE)).expect("the base spec validates");
+    assert_eq!(job.model_name, "llama-3.1-8b");
+    assert_eq!(job.data_parallel, 1);
+    assert_eq!(job.gradient_accumulation_steps, 1);
+}
+
+/// (case, spec, the only error's path, words its reason must contain).
+const CASES: &[(&str, &str, &str, &[&str])] = &[
+    (
+        "zero microBatchSize",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 0}",
+        "spec.training.microBatchSize",
+        &["0 is not allowed", "minimum is 1"],
+    ),
+    (
+        "negative sequenceLength",
+        "model: {preset: gpt2}\ntraining: {sequenceLength: -5}",
+        "spec.training.sequenceLength",
+        &["-5", "u64"],
+    ),
+    (
+        "fractional microBatchSize",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 1.5}",
+        "spec.training.microBatchSize",
+        &["1.5"],
+    ),
+    (
+        "microBatchSize beyond u64",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 18446744073709551616}",
+        "spec.training.microBatchSize",
+        &["invalid"],
+    ),
+    (
+        "microBatchSize above the maximum",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 16777217}",
+        "spec.training.microBatchSize",
+        &["16777217 is too large", "maximum is 16777216"],
+    ),
+    (
+        "attentionHeads not dividing hiddenSize",
+        "model:\n  transformer: {layers: 2, hiddenSize: 100, attentionHeads: 3, vocabSize: 1000}",
+        "spec.model.transformer.attentionHeads",
+        &["3 does not divide hiddenSize 100", "headDim"],
+    ),
+    (
+        "kvHeads not dividing attentionHeads",
+        "model:\n  transformer: {layers: 2, hiddenSize: 512, attentionHeads: 8, kvHeads: 3, vocabSize: 1000}",
+        "spec.model.transformer.kvHeads",
+        &["3 does not divide attentionHeads 8"],
+    ),
+    (
+        "zero layers",
+        "model:\n  transformer: {layers: 0, hiddenSize: 512, attentionHeads: 8, vocabSize: 1000}",
+        "spec.model.transformer.layers",
+        &["0 is not allowed", "minimum is 1"],
+    ),
+    (
+        "hiddenSize above the maximum",
+        "model:\n  transformer: {layers: 2, hiddenSize: 16777217, attentionHeads: 1, vocabSize: 1000}",
+        "spec.model.transformer.hiddenSize",
+        &["16777217 is too large", "maximum is 16777216"],
+    ),
+    (
+        "parameter count overflowing 64 bits",
+        "model:\n  transformer: {layers: 16777216, hiddenSize: 16777216, attentionHeads: 128, \
+         intermediateSize: 16777216, vocabSize: 16777216}",
+        "spec.model",
+        &["overflows"],
+    ),
+    (
+        "parameter count above the maximum",
+        "model:\n  transformer: {layers: 4096, hiddenSize: 1048576, attentionHeads: 8192, vocabSize: 1000}",
+        "spec.model",
+        &["parameters", "maximum is 1e15"],
+    ),
+    (
+        "gpus not a multiple of tp × pp × cp",
+        "model: {preset: llama-3.1-8b}\nparallelism: {gpus: 6, tensorParallel: 4}",
+        "spec.parallelism.gpus",
+        &["6 is not a multiple of", "= 4"],
+    ),
+    (
+        "tensorParallel not dividing the heads",
+        "model: {preset: gpt2}\nparallelism: {gpus: 5, tensorParallel: 5}",
+        "spec.parallelism.tensorParallel",
+        &["5 does not divide the model's 12 attention heads"],
+    ),
+    (
+        "globalBatchSize not divisible",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 3, globalBatchSize: 10}\nparallelism: {gpus: 2}",
+        "spec.training.globalBatchSize",
+        &["10 is not divisible", "3 × 2 = 6"],
+    ),
+    (
+        "globalBatchSize below one step",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 4, globalBatchSize: 2}",
+        "spec.training.globalBatchSize",
+        &["2 is not divisible", "= 4"],
+    ),
+    (
+        "LoRA rank 0",
+        "model: {preset: gpt2}\ntraining:\n  mode: lora\n  lora: {rank: 0}",
+        "spec.training.lora.rank",
+        &["0 is not allowed", "minimum is 1"],
+    ),
+    (
+        "unknown LoRA target",
+        "model: {preset: gpt2}\ntraining:\n  mode: lora\n  lora: {targetModules: [q_proj, attn]}",
+        "spec.training.lora.targetModules[1]",
+        &["unknown module \"attn\"", "q_proj"],
+    ),
+    (
+        "LoRA settings without a LoRA mode",
+        "model: {preset: gpt2}\ntraining:\n  mode: full\n  lora: {rank: 8}",
+        "spec.training.lora",
+        &["only used with mode: lora or qlora"],
+    ),
+    (
+        "unknown precision",
+        "model: {preset: gpt2}\ntraining: {precision: fp8}",
+        "spec.training.precision",
+        &[
+            "fp8",
+            "fp32",
+            "tf32",
+            "fp16-mixed",
+            "bf16-mixed",
+            "fp16",
+            "bf16",
+        ],
+    ),
+    (
+        "unknown optimizer",
+        "model: {preset: gpt2}\ntraining: {optimizer: lion}",
+        "spec.training.optimizer",
+        &["lion", "adamw", "paged-adamw-8bit"],
+    ),
+    (
+        "unknown field in training",
+        "model: {preset: gpt2}\ntraining: {foo: 1}",
+        "spec.training.foo",
+        &["unknown field `foo`"],
+    ),
+    (
+        "unknown field in the transformer",
+        "model:\n  transformer: {layers: 2, hiddenSize: 512, attentionHeads: 8, vocabSize: 1000, hidden: 3}",
+        "spec.model.transformer.hidden",
+        &["unknown field `hidden`"],
+    ),
+    (
+        "missing required transformer dimension",
+        "model:\n  transformer: {layers: 2, hiddenSize: 512, attentionHeads: 8}",
+        "spec.model.transformer",
+        &["missing field `vocabSize`"],
+    ),
+    (
+        "no model source",
+        "model: {}",
+        "spec.model",
+        &[
+            "no model given",
+            "preset, transformer, hfConfig, layers, custom",
+        ],
+    ),
+    (
+        "two model sources",
+        "model:\n  preset: gpt2\n  custom: {parameters: 1e9, activationBytesPerSample: 0}",
+        "spec.model",
+        &[
+            "several model sources given (preset, custom)",
+            "exactly one",
+        ],
+    ),
+    (
+        "unknown preset",
+        "model: {preset: llama-9-1t}",
+        "spec.model.preset",
+        &["unknown preset \"llama-9-1t\"", "llama-3.1-8b", "gpt2"],
+    ),
+    (
+        "custom.parameters 1e30",
+        "model:\n  custom: {parameters: 1e30, activationBytesPerSample: 0}",
+        "spec.model.custom.parameters",
+        &["1e30 is too large", "maximum is 1e15"],
+    ),
+    (
+        "custom.parameters 0",
+        "model:\n  custom: {parameters: 0, activationBytesPerSample: 0}",
+        "spec.model.custom.parameters",
+        &["0 is not allowed", "minimum is 1"],
+    ),
+    (
+        "negative custom.activationBytesPerSample",
+        "model:\n  custom: {parameters: 1e9, activationBytesPerSample: -1}",
+        "spec.model.custom.activationBytesPerSample",
+        &["-1 is not allowed", "minimum is 0"],
+    ),
+    (
+        "custom.parameters .nan",
+        "model:\n  custom: {parameters: .nan, activationBytesPerSample: 0}",
+        "spec.model.custom.parameters",
+        &["\".nan\"", "f64"],
+    ),
+    (
+        "custom.parameters .inf",
+        "model:\n  custom: {parameters: .inf, activationBytesPerSample: 0}",
+        "spec.model.custom.parameters",
+        &["\".inf\"", "f64"],
+    ),
+    (
+        "trainableParameters -.inf",
+        "model: {preset: gpt2}\ntraining: {mode: lora, trainableParameters: -.inf}",
+        "spec.training.trainableParameters",
+        &["\"-.inf\"", "f64"],
+    ),
+    (
+        "safetyMargin .nan",
+        "model: {preset: gpt2}\nfitPolicy: {safetyMargin: .nan}",
+        "spec.fitPolicy.safetyMargin",
+        &["\".nan\"", "f64"],
+    ),
+    (
+        "LoRA alpha .inf",
+        "model: {preset: gpt2}\ntraining:\n  mode: lora\n  lora: {alpha: .inf}",
+        "spec.training.lora.alpha",
+        &["\".inf\"", "f64"],
+    ),
+    (
+        "a float literal that overflows to infinity",
+        "model:\n  custom: {parameters: 1e999, activationBytesPerSample: 0}",
+        "spec.model.custom.parameters",
+        &["\".inf\"", "f64"],
+    ),
+    (
+        "microBatchSize .nan",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: .nan}",
+        "spec.training.microBatchSize",
+        &["\".nan\"", "u64"],
+    ),
+    (
+        "microBatchSize as a word",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: eight}",
+        "spec.training.microBatchSize",
+        &["invalid type", "\"eight\"", "u64"],
+    ),
+    (
+        "quoted microBatchSize",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: \"8\"}",
+        "spec.training.microBatchSize",
+        &["invalid type", "u64"],
+    ),
+    (
+        "training as a number",
+        "model: {preset: gpt2}\ntraining: 5",
+        "spec.training",
+        &["invalid type: integer `5`", "TrainingSpec"],
+    ),
+    (
+        "trainableParameters above the model size",
+        "model: {preset: gpt2}\ntraining: {mode: lora, trainableParameters: 1e12}",
+        "spec.training.trainableParameters",
+        &["1000000000000 exceeds the model's", "parameters"],
+    ),
+    (
+        "trainableParameters in inference",
+        "model: {preset: gpt2}\ntraining: {mode: inference, trainableParameters: 10}",
+        "spec.training.trainableParameters",
+        &["mode: inference"],
+    ),
+    (
+        "qlora with quantization none",
+        "model: {preset: gpt2}\ntraining: {mode: qlora, quantization: none}",
+        "spec.training.quantization",
+        &["none contradicts mode: qlora", "nf4"],
+    ),
+    (
+        "full with nf4",
+        "model: {preset: gpt2}\ntraining: {mode: full, quantization: nf4}",
+        "spec.training.quantization",
+        &["nf4 base weights cannot be trained in mode: full", "lora"],
+    ),
+    (
+        "sequenceParallel without tensor parallelism",
+        "model: {preset: gpt2}\nparallelism: {sequenceParallel: true}",
+        "spec.parallelism.sequenceParallel",
+        &["tensorParallel ≥ 2"],
+    ),
+    (
+        "virtualStages without the interleaved schedule",
+        "model: {preset: gpt2}\nparallelism: {gpus: 2, pipelineParallel: 2, virtualStages: 2}",
+        "spec.parallelism.virtualStages",
+        &["interleaved-1f1b"],
+    ),
+    (
+        "more pipeline stages than layers",
+        "model: {preset: gpt2}\nparallelism: {gpus: 16, pipelineParallel: 16}",
+        "spec.parallelism.pipelineParallel",
+        &["exceed the model's 12 layers"],
+    ),
+    (
+        "contextParallel not dividing sequenceLength",
+        "model: {preset: gpt2}\ntraining: {sequenceLength: 1001}\nparallelism: {gpus: 2, contextParallel: 2}",
+        "spec.parallelism.contextParallel",
+        &["2 does not divide sequenceLength 1001"],
+    ),
+    (
+        "optimizer offload without ZeRO",
+        "model: {preset: gpt2}\nparallelism: {offload: optimizer}",
+        "spec.parallelism.offload",
+        &["zeroStage ≥ 1"],
+    ),
+    (
+        "zeroStage 4",
+        "model: {preset: gpt2}\nparallelism: {zeroStage: 4}",
+        "spec.parallelism.zeroStage",
+        &["4 is not a ZeRO stage", "0, 1, 2, 3"],
+    ),
+    (
+        "zeroStage beyond u8",
+        "model: {preset: gpt2}\nparallelism: {zeroStage: 300}",
+        "spec.parallelism.zeroStage",
+        &["300"],
+    ),
+    (
+        "model parallelism of a custom model",
+        "model:\n  custom: {parameters: 1e9, activationBytesPerSample: 1e6}\nparallelism: {gpus: 2, tensorParallel: 2}",
+        "spec.parallelism",
+        &["need a transformer model"],
+    ),
+    (
+        "minMicroBatchSize above microBatchSize",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 2}\nfitPolicy: {minMicroBatchSize: 4}",
+        "spec.fitPolicy.minMicroBatchSize",
+        &["4 is above spec.training.microBatchSize 2"],
+    ),
+    (
+        "safetyMargin 1.5",
+        "model: {preset: gpt2}\nfitPolicy: {safetyMargin: 1.5}",
+        "spec.fitPolicy.safetyMargin",
+        &["1.5 is not allowed", "[0, 1)"],
+    ),
+    (
+        "negative safetyMargin",
+        "model: {preset: gpt2}\nfitPolicy: {safetyMargin: -0.1}",
+        "spec.fitPolicy.safetyMargin",
+        &["-0.1 is not allowed"],
+    ),
+    (
+        "unknown fit mode",
+        "model: {preset: gpt2}\nfitPolicy: {mode: reject}",
+        "spec.fitPolicy.mode",
+        &["reject", "Reject", "Adjust"],
+    ),
+    (
+        "numLabels without a classification head",
+        "model: {preset: bert-base, numLabels: 3}",
+        "spec.model.numLabels",
+        &["only used with head: classification"],
+    ),
+];
+
+#[test]
+fn each_mistake_gets_one_error_naming_path_and_reason() {
+    let mut failures = Vec::new();
+    for (case, spec, path, words) in CASES {
+        let text = job(spec);
+        let errs = match check(&text) {
+            Ok(_) => {
+                failures.push(format!("{case}: accepted"));
+                continue;
+            }
+            Err(errs) => errs,
+        };
+        if paths(&errs) != [*path] {
+            failures.push(format!(
+                "{case}: expected one error at {path}, got {:?}",
+                errs.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+            ));
+            continue;
+        }
+        let shown = errs[0].to_string();
+        assert!(shown.starts_with(&format!("{path}: ")), "{case}: {shown}");
+        for w in *words {
+            if !errs[0].reason.contains(w) {
+                failures.push(format!("{case}: reason lacks {w:?}: {shown}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn all_problems_are_reported_at_once() {
+    let spec = "\
+model: {preset: gpt2}
+training:
+  mode: lora
+  lora: {rank: 0}
+parallelism: {sequenceParallel: true}
+fitPolicy: {safetyMargin: 1.5}
+";
+    let errs = errors(&job(spec));
+    assert_eq!(
+        paths(&errs),
+        [
+            "spec.training.lora.rank",
+            "spec.parallelism.sequenceParallel",
+            "spec.fitPolicy.safetyMargin",
+        ],
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn a_bad_transformer_reports_every_dimension() {
+    // microBatchSize 0 is one error, not also one on fitPolicy.minMicroBatchSize (default 1).
+    let spec = "\
+model:
+  transformer: {layers: 0, hiddenSize: 100, attentionHeads: 3, kvHeads: 2, vocabSize: 0}
+training: {microBatchSize: 0}
+";
+    let errs = errors(&job(spec));
+    let mut got = paths(&errs);
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        [
+            "spec.model.transformer.attentionHeads",
+            "spec.model.transformer.kvHeads",
+            "spec.model.transformer.layers",
+            "spec.model.transformer.vocabSize",
+            "spec.training.microBatchSize",
+        ],
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn wrong_api_version_and_kind_are_both_named() {
+    let text = "apiVersion: v1\nkind: Pod\nspec:\n  model: {preset: gpt2}\n";
+    let errs = errors(text);
+    assert_eq!(paths(&errs), ["apiVersion", "kind"], "{errs:?}");
+    assert!(errs[0].reason.contains("vramguard.io/v1alpha1"), "{errs:?}");
+    assert!(errs[1].reason.contains("TrainingJob"), "{errs:?}");
+}
+
+#[test]
+fn missing_envelope_fields_and_unknown_top_level_keys() {
+    let errs = errors("spec:\n  model: {preset: gpt2}\nspecs: {}\n");
+    assert_eq!(paths(&errs), ["apiVersion", "kind", "specs"], "{errs:?}");
+    assert!(errs.iter().all(|e| !e.reason.is_empty()));
+
+    let errs = errors("apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\n");
+    assert_eq!(paths(&errs), ["spec"], "{errs:?}");
+    assert!(errs[0].reason.contains("missing"), "{errs:?}");
+}
+
+#[test]
+fn a_document_that_is_not_an_object_is_rejected() {
+    for text in ["42", "[1, 2]", "just a string", "null"] {
+        let docs = match documents(text) {
+            Ok(d) => d,
+            Err(ParseError::Empty) if text == "null" => continue,
+            Err(e) => panic!("{text}: {e}"),
+        };
+        for doc in docs {
+            match training_job(doc) {
+                Err(ParseError::Fields(errs)) => {
+                    assert_eq!(paths(&errs), ["."], "{text}: {errs:?}");
+                    assert!(errs[0].reason.contains("TrainingJob"), "{errs:?}");
+                }
+                other => panic!("{text}: expected a field error, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_metadata_is_named() {
+    let text = "apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: [1]\nspec:\n  model: {preset: gpt2}\n";
+    let errs = errors(text);
+    assert_eq!(paths(&errs), ["metadata.name"], "{errs:?}");
+}
+
+#[test]
+fn documents_splits_and_rejects() {
+    let two = format!("{}---\n{}", job(BASE), job("model: {preset: gpt2}"));
+    assert_eq!(documents(&two).expect("two documents").len(), 2);
+    assert_eq!(documents(""), Err(ParseError::Empty));
+    assert_eq!(documents("# only a comment\n"), Err(ParseError::Empty));
+    assert!(matches!(
+        documents("spec: {model: [unclosed\n"),
+        Err(ParseError::Syntax(_))
+    ));
+    assert!(matches!(
+        documents("a: b\n  c: d\n: :\n"),
+        Err(ParseError::Syntax(_))
+    ));
+}
+
+#[test]
+fn the_document_name_is_found() {
+    let docs = documents(&job(BASE)).expect("valid YAML");
+    assert_eq!(parse::document_name(&docs[0]).as_deref(), Some("t"));
+}
+
+#[test]
+fn defaults_resolve() {
+    let job = check(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: qlora, microBatchSize: 4, globalBatchSize: 64}\nparallelism: {gpus: 8, tensorParallel: 2}",
+    ))
+    .expect("valid");
+    assert_eq!(job.quantization, vramguard::api::Quantization::Nf4);
+    assert_eq!(job.lora.as_ref().map(|l| l.rank), Some(8));
+    assert_eq!(job.data_parallel, 4);
+    assert_eq!(job.gradient_accumulation_steps, 4);
+    assert_eq!(job.gpus_per_node, 8);
+}
+
+/// Odd but well-formed inputs must give errors or a job, never a panic.
+#[test]
+fn odd_inputs_never_panic() {
+    let specs = [
+        "model:\n  transformer: {layers: 16777216, hiddenSize: 16777216, attentionHeads: 16777216, kvHeads: 1, headDim: 16777216, intermediateSize: 16777216, vocabSize: 16777216, experts: 65536, expertsPerToken: 65536, maxPositions: 16777216}",
+        "model:\n  transformer: {kind: encoder-decoder, layers: 16777216, decoderLayers: 16777216, hiddenSize: 16777216, attentionHeads: 1, vocabSize: 16777216}",
+        "model:\n  transformer: {layers: 1, hiddenSize: 1, attentionHeads: 1, vocabSize: 1}",
+        "model: {preset: gpt2}\nparallelism: {gpus: 1048576, tensorParallel: 18446744073709551615, pipelineParallel: 18446744073709551615}",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 16777216, globalBatchSize: 18446744073709551615}\nparallelism: {gpus: 1048576}",
+        "model: {preset: gpt2}\ntraining: {dataOnGpuBytes: 18446744073709551615}",
+        "model: {preset: gpt2}\nparallelism: {gpus: 0, tensorParallel: 0, pipelineParallel: 0, contextParallel: 0, virtualStages: 0}",
+        "model: {preset: gpt2}\nparallelism: {gpus: 3, gpusPerNode: 0}",
+        "model:\n  custom: {parameters: 1e15, activationBytesPerSample: 1e18}\ntraining: {microBatchSize: 16777216}",
+        "model: {preset: gpt2, inputShape: []}",
+        "model: {preset: gpt2, head: classification, numLabels: 0}",
+    ];
+    for spec in specs {
+        let text = job(spec);
+        if let Ok(job) = check(&text) {
+            for gpu in vramguard::estimate::gpus::GPUS {
+                // Ok or a TooLarge error: both are answers.
+                let _ = vramguard::estimate::estimate(&job, gpu);
+            }
+        }
+    }
+}
+
+/// The helper itself must notice a valid spec where an error was expected.
+#[test]
+#[should_panic(expected = "expected this spec to be rejected")]
+fn errors_panics_on_a_valid_spec() {
+    errors(&job(BASE));
+}

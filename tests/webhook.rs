@@ -1,0 +1,329 @@
+//! The webhook over real TLS with real AdmissionReview JSON (the reviews in
+//! `examples/admission/`, shaped as the API server sends them), against the
+//! static inventory of `examples/cluster.yaml`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use vramguard::inventory::Static;
+use vramguard::webhook::{self, AppState, Limits, tls};
+
+struct Server {
+    addr: SocketAddr,
+    ca_pem: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    config: axum_server::tls_rustls::RustlsConfig,
+}
+
+fn cluster() -> Vec<vramguard::api::GpuNode> {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster.yaml"),
+    )
+    .unwrap();
+    vramguard::api::parse::documents(&text)
+        .unwrap()
+        .into_iter()
+        .map(|d| vramguard::api::parse::gpu_node(d).unwrap())
+        .collect()
+}
+
+async fn start(limits: Limits) -> Server {
+    let pair = tls::self_signed(&["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let config = tls::server_config_from_pem(
+        pair.cert_pem.as_bytes(),
+        pair.key_pem.as_bytes(),
+        Path::new("cert"),
+        Path::new("key"),
+    )
+    .unwrap();
+    let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let state = Arc::new(AppState::new(Arc::new(Static::new(cluster(), now))));
+    let router = webhook::router_with(state, limits);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(webhook::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        router,
+        rustls.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+        Duration::from_secs(5),
+        Some(bound_tx),
+    ));
+    let addr = bound_rx.await.unwrap();
+    Server {
+        addr,
+        ca_pem: pair.ca_pem,
+        stop: Some(stop_tx),
+        task,
+        config: rustls,
+    }
+}
+
+fn connector(ca_pem: &str) -> TlsConnector {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+}
+
+async fn post(server: &Server, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector(&server.ca_pem).connect(name, tcp).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, bytes)
+}
+
+fn review_file(name: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/admission")
+            .join(name),
+    )
+    .unwrap()
+}
+
+async fn response_of(server: &Server, name: &str) -> Value {
+    let (status, body) = post(server, "/validate", review_file(name)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["kind"], "AdmissionReview");
+    assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+    let req: Value = serde_json::from_slice(&review_file(name)).unwrap();
+    assert_eq!(v["response"]["uid"], req["request"]["uid"], "uid copied");
+    v["response"].clone()
+}
+
+async fn stop(mut server: Server) {
+    let _ = server.stop.take().unwrap().send(());
+    server.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn reviews_over_tls() {
+    let server = start(Limits::default()).await;
+
+    let fits = response_of(&server, "create-fits.json").await;
+    assert_eq!(fits["allowed"], true, "{fits}");
+
+    let no = response_of(&server, "create-does-not-fit.json").await;
+    assert_eq!(no["allowed"], false, "{no}");
+    let msg = no["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("GiB per GPU"), "{msg}");
+    assert!(msg.contains("biggest GPU in this cluster"), "{msg}");
+    assert!(msg.len() <= 1024);
+    assert_eq!(no["status"]["code"], 403);
+
+    let dry = response_of(&server, "create-dry-run.json").await;
+    assert_eq!(dry["allowed"], false, "dry-run reviews are judged the same");
+    assert_eq!(
+        dry["status"]["message"]
+            .as_str()
+            .unwrap()
+            .replace("llama-3-1-405b-full", ""),
+        msg.replace("llama-3-1-405b-full", "")
+    );
+
+    let adjust = response_of(&server, "create-fits-after-change.json").await;
+    assert_eq!(adjust["allowed"], true, "{adjust}");
+    let warnings = adjust["warnings"].as_array().expect("warnings");
+    assert!(
+        warnings.iter().any(|w| w.as_str().unwrap().contains("→")),
+        "{warnings:?}"
+    );
+    assert!(warnings.iter().all(|w| w.as_str().unwrap().len() <= 120));
+
+    let invalid = response_of(&server, "create-invalid.json").await;
+    assert_eq!(invalid["allowed"], false);
+    let m = invalid["status"]["message"].as_str().unwrap();
+    assert!(m.contains("spec.training.microBatchSize"), "{m}");
+    assert!(m.contains("spec.training.lora.rank"), "{m}");
+
+    let upd = response_of(&server, "update-immutable.json").await;
+    assert_eq!(upd["allowed"], false);
+    assert!(
+        upd["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.model")
+    );
+
+    let del = response_of(&server, "delete.json").await;
+    assert_eq!(del["allowed"], true);
+    let pod = response_of(&server, "other-kind.json").await;
+    assert_eq!(pod["allowed"], true);
+
+    // Malformed JSON: 400 with a reason.
+    let (status, body) = post(&server, "/validate", b"{not json".to_vec()).await;
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("not an AdmissionReview"));
+
+    // A review without a request.
+    let (status, _) = post(
+        &server,
+        "/validate",
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    // Metrics count what was answered, by bounded labels.
+    let (status, body) = get(&server, "/metrics").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains("vramguard_reviews_total{verdict=\"Denied\",reason=\"NoFit\"} 2"),
+        "{text}"
+    );
+    assert!(text.contains("vramguard_review_duration_seconds_count"));
+    let (status, _) = get(&server, "/readyz").await;
+    assert_eq!(status, 200);
+    stop(server).await;
+}
+
+async fn get(server: &Server, path: &str) -> (u16, Vec<u8>) {
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector(&server.ca_pem).connect(name, tcp).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    (
+        status,
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+}
+
+#[tokio::test]
+async fn oversized_body_is_413() {
+    let server = start(Limits {
+        body_bytes: 1024,
+        timeout: Duration::from_secs(5),
+    })
+    .await;
+    let (status, _) = post(&server, "/validate", vec![b' '; 4096]).await;
+    assert_eq!(status, 413);
+    stop(server).await;
+}
+
+#[tokio::test]
+async fn a_body_that_never_finishes_times_out() {
+    let server = start(Limits {
+        body_bytes: 1 << 20,
+        timeout: Duration::from_millis(300),
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector(&server.ca_pem).connect(name, tcp).await.unwrap();
+    tls.write_all(
+        b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"apiVersion\":",
+    )
+    .await
+    .unwrap();
+    tls.flush().await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut tls, &mut buf),
+    )
+    .await
+    .expect("the server answers before the client gives up")
+    .unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    stop(server).await;
+}
+
+#[tokio::test]
+async fn certificates_reload_when_the_files_change() {
+    let dir = std::env::temp_dir().join(format!("vramguard-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let first = tls::self_signed(&["localhost".into()]).unwrap();
+    std::fs::write(&cert, &first.cert_pem).unwrap();
+    std::fs::write(&key, &first.key_pem).unwrap();
+    let mut server = start(Limits::default()).await;
+    server
+        .config
+        .reload_from_config(tls::load(&cert, &key).unwrap());
+    server.ca_pem = first.ca_pem.clone();
+    let watcher = tokio::spawn(tls::watch(
+        cert.clone(),
+        key.clone(),
+        server.config.clone(),
+        Duration::from_millis(50),
+    ));
+    assert_eq!(get(&server, "/healthz").await.0, 200);
+
+    // Rotate: a new CA and certificate, as cert-manager would.
+    let second = tls::self_signed(&["localhost".into()]).unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    std::fs::write(&cert, &second.cert_pem).unwrap();
+    std::fs::write(&key, &second.key_pem).unwrap();
+    let mut rotated = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        if connector(&second.ca_pem).connect(name, tcp).await.is_ok() {
+            rotated = true;
+            break;
+        }
+    }
+    assert!(
+        rotated,
+        "the server never presented the rotated certificate"
+    );
+    watcher.abort();
+    stop(server).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
