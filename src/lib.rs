@@ -3,6 +3,7 @@
 //!
 //! `api` and `estimate` are pure; the command line lives in `cli`.
 
+pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod estimate;

@@ -1,6 +1,7 @@
 //! `vramguard estimate`: read TrainingJobs, estimate each on the GPUs asked
-//! about, print a table, JSON or YAML, and exit 0 (fits), 1 (does not fit)
-//! or 2 (bad input).
+//! about, find the cheapest allowed plan where one does not fit, place each on
+//! a simulated cluster (`--cluster`), print a table, JSON or YAML, and exit 0
+//! (fits as written), 1 (does not fit as written) or 2 (bad input).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -9,9 +10,9 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
-use crate::api::{self, EstimateStatus, ValidatedJob, parse};
+use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
 use crate::estimate::{self, Estimate, GpuProduct, gpus};
-use crate::plan::{self, GpuView, Verdict};
+use crate::plan::{self, Advice, GpuView, PlaceOutcome, Plan, Verdict};
 
 /// Output formats of `estimate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -51,6 +52,19 @@ pub struct EstimateArgs {
     /// Output format.
     #[arg(short = 'o', long, env = "VRAMGUARD_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// A simulated cluster: GpuNode YAML (one or several documents, as the agent publishes
+    /// them); prints where each job would be placed. Staleness is judged at the newest
+    /// probeTime in the file.
+    #[arg(long, env = "VRAMGUARD_CLUSTER", value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
+    /// Taint keys the jobs tolerate when placed on `--cluster`, comma-separated (default: none).
+    #[arg(
+        long,
+        env = "VRAMGUARD_TOLERATE",
+        value_delimiter = ',',
+        value_name = "KEY,KEY,..."
+    )]
+    pub tolerate: Vec<String>,
 }
 
 /// One GPU's verdict for a job.
@@ -63,6 +77,21 @@ pub struct GpuVerdict {
     pub per_gpu_bytes: u64,
     pub verdict: Verdict,
     pub message: String,
+    /// The cheapest plan the job's fit policy allows on this GPU, when it does not fit as written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// What would fit, when no allowed plan fits this GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<Advice>,
+}
+
+/// The plan vramguard would apply (`status.plan`) and the GPU it is for.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChosenPlan {
+    pub gpu: String,
+    #[serde(flatten)]
+    pub plan: Plan,
 }
 
 /// Per-phase allocated bytes, for the explanation.
@@ -102,8 +131,15 @@ pub struct JobReport {
     pub phases: Vec<PhaseReport>,
     pub explanation: Explanation,
     pub verdicts: Vec<GpuVerdict>,
-    /// True when the job fits at least one GPU asked about.
+    /// True when the job fits at least one GPU asked about as written.
     pub fits: bool,
+    /// As written on the first GPU it fits; else the cheapest allowed plan over the GPUs
+    /// asked about; absent when none fits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<ChosenPlan>,
+    /// With `--cluster`: where the job would run (decision placed | wait | reject).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlaceOutcome>,
     #[serde(skip)]
     pub job: Option<ValidatedJob>,
 }
@@ -160,18 +196,17 @@ pub fn report(
     let mut verdicts = Vec::new();
     for gpu in targets {
         let est = estimate::estimate(job, gpu).map_err(|e| e.to_string())?;
-        let v = plan::fit(
-            est.status.per_gpu_bytes,
-            est.status.largest_tensor_bytes,
-            job.spec.fit_policy.safety_margin,
-            GpuView::empty(gpu.usable_bytes()),
-        );
+        let shrink = plan::shrink(job, gpu, GpuView::empty(gpu.usable_bytes()))
+            .map_err(|e| e.to_string())?;
+        let v = shrink.as_written;
         verdicts.push(GpuVerdict {
             gpu: gpu.name.to_string(),
             product: gpu.product.to_string(),
             usable_bytes: gpu.usable_bytes(),
             per_gpu_bytes: est.status.per_gpu_bytes,
             message: verdict_message(&v),
+            plan: shrink.plan.filter(|_| !v.fits),
+            advice: shrink.advice,
             verdict: v,
         });
         if first.is_none() {
@@ -195,6 +230,7 @@ pub fn report(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let plan = chosen_plan(job, targets, &verdicts);
     Ok(JobReport {
         name,
         model: job.model_name.clone(),
@@ -212,10 +248,88 @@ pub fn report(
             summary,
         },
         fits: verdicts.iter().any(|v| v.verdict.fits),
+        plan,
+        placement: None,
         verdicts,
         estimate: est.status,
         job: Some(job.clone()),
     })
+}
+
+/// The job as written on the first GPU it fits, else the cheapest plan (first on ties).
+fn chosen_plan(
+    job: &ValidatedJob,
+    targets: &[&'static GpuProduct],
+    verdicts: &[GpuVerdict],
+) -> Option<ChosenPlan> {
+    if let Some(i) = verdicts.iter().position(|v| v.verdict.fits) {
+        let gpu = targets.get(i)?;
+        let plan = plan::shrink(job, gpu, GpuView::empty(gpu.usable_bytes()))
+            .ok()?
+            .plan?;
+        return Some(ChosenPlan {
+            gpu: gpu.name.to_string(),
+            plan,
+        });
+    }
+    let (v, p) = verdicts
+        .iter()
+        .filter_map(|v| v.plan.as_ref().map(|p| (v, p)))
+        .reduce(|best, cur| {
+            if cur.1.slowdown < best.1.slowdown {
+                cur
+            } else {
+                best
+            }
+        })?;
+    Some(ChosenPlan {
+        gpu: v.gpu.clone(),
+        plan: p.clone(),
+    })
+}
+
+/// Read `--cluster`: every document a GpuNode.
+fn read_cluster(path: &std::path::Path) -> Result<Vec<GpuNode>, String> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--cluster {source}: {e}"))?;
+    let docs = parse::documents(&text).map_err(|e| format!("--cluster {source}: {e}"))?;
+    let mut nodes = Vec::new();
+    let mut problems = Vec::new();
+    for (i, doc) in docs.into_iter().enumerate() {
+        match parse::gpu_node(doc) {
+            Ok(n) => nodes.push(n),
+            Err(e) => {
+                for line in e.to_string().lines() {
+                    problems.push(format!("--cluster {source}: document {}: {line}", i + 1));
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(nodes)
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// Place every job on the cluster, judging staleness at the newest probe in the file.
+fn place_all(
+    reports: &mut [JobReport],
+    nodes: &[GpuNode],
+    tolerate: &[String],
+) -> Result<(), String> {
+    let now = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.probe_time.as_ref().map(|t| t.0))
+        .max()
+        .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+    for r in reports {
+        if let Some(job) = &r.job {
+            let outcome = plan::place(job, nodes, &[], tolerate, now).map_err(|e| e.to_string())?;
+            r.placement = Some(outcome);
+        }
+    }
+    Ok(())
 }
 
 /// A document's problems, already formatted with where they are.
@@ -278,6 +392,15 @@ pub fn run_estimate(
     err: &mut dyn Write,
 ) -> u8 {
     let source = args.file.display().to_string();
+    let cluster = match args.cluster.as_deref().map(read_cluster).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            for line in e.lines() {
+                let _ = writeln!(err, "error: {line}");
+            }
+            return EXIT_BAD_INPUT;
+        }
+    };
     let targets = match resolve_gpus(args) {
         Ok(t) => t,
         Err(e) => {
@@ -311,6 +434,12 @@ pub fn run_estimate(
                 }
             }
         }
+    }
+    if let Some(nodes) = &cluster
+        && let Err(e) = place_all(&mut reports, nodes, &args.tolerate)
+    {
+        let _ = writeln!(err, "error: {source}: {e}");
+        return EXIT_BAD_INPUT;
     }
     let written = match args.output {
         OutputFormat::Table => render::table(&reports, out),

@@ -1,6 +1,7 @@
 //! The `vramguard` command line: `estimate` and `crds`. The only module that
 //! uses `anyhow`; everything it decides comes from `api`, `estimate`, `plan`.
 
+pub mod agent;
 pub mod crds;
 pub mod estimate;
 mod render;
@@ -35,6 +36,8 @@ pub enum Command {
     Crds,
     /// Serve the admission webhook (TLS) for TrainingJobs.
     Serve(serve::ServeArgs),
+    /// Probe this node's GPUs: print one probe (--once), or publish a GpuNode and serve /check.
+    Agent(agent::AgentArgs),
 }
 
 /// Parse arguments, run, and map the outcome to an exit code.
@@ -53,6 +56,7 @@ pub fn main() -> ExitCode {
         }
         Command::Crds => crds::run(&mut std::io::stdout().lock()),
         Command::Serve(args) => run_async(serve::run(args)),
+        Command::Agent(args) => run_async(agent::run(args)),
     };
     ExitCode::from(code)
 }

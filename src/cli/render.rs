@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use super::estimate::JobReport;
 use crate::estimate::{GIB, breakdown_entries};
+use crate::plan::PlaceOutcome;
 
 fn g(bytes: u64) -> String {
     format!("{:>8.2}", bytes as f64 / GIB)
@@ -62,8 +63,47 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
                 v.message
             )?;
         }
+        for v in &r.verdicts {
+            if let Some(p) = &v.plan {
+                writeln!(out, "  plan on {}: {}", v.gpu, p.summary())?;
+            } else if let Some(a) = &v.advice {
+                writeln!(out, "  {}: {}", v.gpu, a.message)?;
+            }
+        }
+        if let Some(p) = &r.placement {
+            writeln!(out, "  placement: {}", placement(p))?;
+        }
     }
     Ok(())
+}
+
+fn placement(p: &PlaceOutcome) -> String {
+    match p {
+        PlaceOutcome::Placed(a) => {
+            let nodes: Vec<String> = a
+                .nodes
+                .iter()
+                .map(|n| {
+                    let gpus: Vec<String> = n
+                        .gpus
+                        .iter()
+                        .map(|g| match (&g.mig_index, &g.mig_profile) {
+                            (Some(m), Some(profile)) => format!("{}/MIG {m} {profile}", g.index),
+                            _ => g.index.to_string(),
+                        })
+                        .collect();
+                    format!("{} GPU {}", n.node, gpus.join(","))
+                })
+                .collect();
+            format!(
+                "{} ({:.1} GiB headroom left)",
+                nodes.join("; "),
+                a.headroom_bytes as f64 / GIB
+            )
+        }
+        PlaceOutcome::Wait { reason } => format!("wait: {reason}"),
+        PlaceOutcome::Reject { reason } => format!("none: {reason}"),
+    }
 }
 
 fn describe(r: &JobReport) -> String {

@@ -260,8 +260,9 @@ struct Tally<'n> {
     unknown_gpus: usize,
     /// Eligible nodes (fresh, tolerated).
     eligible: usize,
-    /// Nodes with every rank's GPU.
+    /// Nodes with every rank's GPU now, and once empty.
     candidates: usize,
+    candidates_empty: usize,
     /// The node with the most fitting devices: (count, node).
     best: Option<(usize, &'n str)>,
     /// The non-fitting device closest to fitting: (short by, node, index).
@@ -325,7 +326,7 @@ impl<'a> Placer<'a> {
         }
         if let Some(t) = node.spec.taints.iter().find(|t| {
             matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
-                && !self.request.tolerations.iter().any(|k| *k == t.key)
+                && !self.request.tolerations.contains(&t.key)
         }) {
             let value = t
                 .value
@@ -531,7 +532,7 @@ impl<'a> Placer<'a> {
                 },
             ));
         });
-        chosen.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        chosen.sort_by_key(|c| (c.0, c.1, c.2));
         chosen.truncate(self.ranks_per_node);
         let mut gpus: Vec<DeviceAssignment> = chosen.into_iter().map(|c| c.3).collect();
         gpus.sort_by_key(|g| (g.index, g.mig_index));
@@ -565,8 +566,9 @@ impl<'a> Placer<'a> {
                 candidates.push((s.headroom, node.spec.node_name.as_str(), i));
             }
         }
-        if pass == Pass::Now {
-            self.tally.candidates = candidates.len();
+        match pass {
+            Pass::Now => self.tally.candidates = candidates.len(),
+            Pass::Empty => self.tally.candidates_empty = candidates.len(),
         }
         if candidates.len() < nodes_needed || nodes_needed == 0 {
             return None;
@@ -642,7 +644,7 @@ pub fn place_with(
     let t = &placer.tally;
     let nodes_needed = ranks.div_ceil(gpus_per_node);
     let need = match t.need {
-        Some((lo, hi)) if lo == hi => format!("{} per GPU", gib(lo)),
+        Some((lo, hi)) if gib(lo) == gib(hi) => format!("{} per GPU", gib(hi)),
         Some((lo, hi)) => format!("{}–{} per GPU", gib(lo), gib(hi)),
         None => "an unknown amount per GPU".to_string(),
     };
@@ -728,9 +730,17 @@ pub fn place_with(
         },
         None => PlaceOutcome::Reject {
             reason: format!(
-                "no eligible node can hold {shape} even with its GPUs empty ({} of {} nodes eligible){now}{skipped}{unknown}",
+                "the cluster cannot hold {shape} even with its GPUs empty ({} of {} nodes eligible{}){now}{skipped}{unknown}",
                 t.eligible,
-                nodes.len()
+                nodes.len(),
+                if nodes_needed > 1 {
+                    format!(
+                        ", {} of {nodes_needed} could hold their ranks",
+                        t.candidates_empty
+                    )
+                } else {
+                    String::new()
+                }
             ),
         },
     }
