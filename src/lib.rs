@@ -8,5 +8,6 @@ pub mod api;
 pub mod cli;
 pub mod estimate;
 pub mod inventory;
+pub mod operator;
 pub mod plan;
 pub mod webhook;

@@ -240,16 +240,16 @@ fn generated_job() -> impl Strategy<Value = TrainingJobSpec> {
     let gpus = prop::sample::select(vec![1u64, 2, 4, 8]);
     let zero = 0u8..=3;
     let global = any::<bool>();
-    let adjust = any::<bool>();
-    let allow = prop::collection::vec(
-        prop::sample::select(vec![
+    let adjust = prop::bool::weighted(0.8);
+    let allow = prop::sample::subsequence(
+        vec![
             "microBatchSize",
             "precision",
             "gradientCheckpointing",
             "optimizer",
             "zeroStage",
             "loss",
-        ]),
+        ],
         0..=6,
     );
     let min_micro = 1u64..=4;
@@ -288,14 +288,14 @@ fitPolicy: {{mode: {}, allow: [{}], minMicroBatchSize: {}}}
 
 fn generated_gpu() -> impl Strategy<Value = (&'static GpuProduct, u64)> {
     let cards: Vec<&'static GpuProduct> = gpus::GPUS.iter().collect();
-    (prop::sample::select(cards), 0u64..=100).prop_map(|(g, used_pct)| {
+    (prop::sample::select(cards), 0u64..=60).prop_map(|(g, used_pct)| {
         // A GPU with part of its memory already used by someone else.
-        (g, g.usable_bytes() / 100 * (100 - used_pct.min(90)))
+        (g, g.usable_bytes() / 100 * (100 - used_pct))
     })
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn every_plan_fits_keeps_the_batch_and_respects_the_policy(
@@ -553,4 +553,71 @@ parallelism: {gpus: 4, zeroStage: 3, strategy: fsdp}
     let tolerate = ["dedicated".to_string()];
     let out = plan::place(&four, &nodes, &held, &tolerate, now).expect("estimates");
     assert!(matches!(out, PlaceOutcome::Wait { .. }), "{out:?}");
+}
+
+// ---- the command line ----
+
+fn vramguard(args: &[&str]) -> (i32, serde_json::Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramguard"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs");
+    let code = out.status.code().expect("the binary exits");
+    let text = String::from_utf8(out.stdout).expect("UTF-8 output");
+    let json = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{e}: {text}\n{}", String::from_utf8_lossy(&out.stderr)));
+    (code, json)
+}
+
+#[test]
+fn estimate_prints_the_plan_and_the_placement() {
+    // Does not fit an A100 40GB as written; microBatchSize is allowed: a plan, still exit 1.
+    let (code, v) = vramguard(&[
+        "estimate",
+        "-f",
+        "examples/llama-3.1-8b-lora-h100.yaml",
+        "--gpu",
+        "a100-40gb",
+        "--cluster",
+        "examples/cluster.yaml",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 1, "{v}");
+    let plan = &v["plan"];
+    assert_eq!(plan["gpu"], "a100-40gb", "{v}");
+    assert!(
+        plan["microBatchSize"].as_u64().expect("a number") < 4,
+        "{v}"
+    );
+    assert!(
+        plan["changes"][0]
+            .as_str()
+            .expect("a change")
+            .starts_with("microBatchSize: 4 → ")
+    );
+    assert_eq!(v["verdicts"][0]["plan"]["changes"], plan["changes"], "{v}");
+    // As written it needs an 80 GB card: the idle H100 node, GPU 0.
+    assert_eq!(v["placement"]["decision"], "placed", "{v}");
+    assert_eq!(v["placement"]["nodes"][0]["node"], "gpu-h100-a", "{v}");
+
+    // A cluster file that is not GpuNodes: bad input.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramguard"))
+        .args([
+            "estimate",
+            "-f",
+            "examples/llama-3.1-8b-lora-h100.yaml",
+            "--cluster",
+            "examples/llama-3.1-8b-lora-h100.yaml",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cluster examples/llama-3.1-8b-lora-h100.yaml: document 1: kind"),
+        "{err}"
+    );
 }

@@ -2,7 +2,6 @@
 //! Plain data with serde and schemars; no I/O. Defaults live here so that the
 //! CRD schema, the CLI and the webhook all agree on them.
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -52,10 +51,11 @@ pub struct TrainingJobSpec {
     /// What vramguard may change to make the job fit.
     #[serde(default)]
     pub fit_policy: FitPolicy,
-    /// Pod template of the trainer.
+    /// Pod template of the trainer (a core/v1 PodTemplateSpec, kept as written:
+    /// the operator reads it as `k8s_openapi`'s type when it builds the Job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_object")]
-    pub template: Option<PodTemplateSpec>,
+    pub template: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The model, given one way.

@@ -4,7 +4,7 @@
 //! static file, kube reflectors) live at the edge.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -20,11 +20,11 @@ pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const GFD_MEMORY: &str = "nvidia.com/gpu.memory";
 pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
 
-/// What the cluster has, at one moment.
+/// What the cluster has, at one moment. Cheap to clone (shared).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// GpuNodes from agents plus synthetic ones from GFD labels.
-    pub nodes: Vec<GpuNode>,
+    pub nodes: Arc<Vec<GpuNode>>,
     /// Seconds since the Unix epoch when the snapshot was last refreshed.
     pub refreshed_unix: Option<i64>,
     /// True once every source has listed at least once.
@@ -32,6 +32,8 @@ pub struct Snapshot {
     /// Judge staleness as of this time (seconds since the epoch) instead of
     /// now: a static file is a picture of one moment, not a live feed.
     pub as_of_unix: Option<i64>,
+    /// `products()`, computed once per snapshot.
+    products: Arc<OnceLock<Vec<ProductCount>>>,
 }
 
 /// A GPU product the cluster has, with how many of it.
@@ -49,10 +51,29 @@ pub struct ProductCount {
 }
 
 impl Snapshot {
+    pub fn new(
+        nodes: Vec<GpuNode>,
+        refreshed_unix: Option<i64>,
+        synced: bool,
+        as_of_unix: Option<i64>,
+    ) -> Snapshot {
+        Snapshot {
+            nodes: Arc::new(nodes),
+            refreshed_unix,
+            synced,
+            as_of_unix,
+            products: Arc::default(),
+        }
+    }
+
     /// Distinct GPU products, largest memory first (deterministic).
-    pub fn products(&self) -> Vec<ProductCount> {
+    pub fn products(&self) -> &[ProductCount] {
+        self.products.get_or_init(|| self.compute_products())
+    }
+
+    fn compute_products(&self) -> Vec<ProductCount> {
         let mut by: BTreeMap<(String, u64), ProductCount> = BTreeMap::new();
-        for node in &self.nodes {
+        for node in self.nodes.iter() {
             let Some(status) = &node.status else { continue };
             let mut per_node: BTreeMap<(String, u64), u64> = BTreeMap::new();
             for gpu in &status.gpus {
@@ -101,18 +122,26 @@ impl Snapshot {
 /// Map a reported product name ("NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-40GB")
 /// to the catalog entry it is.
 pub fn catalog_product(reported: &str) -> Option<&'static GpuProduct> {
-    let norm = |s: &str| {
-        s.to_ascii_lowercase()
-            .replace(['-', '_'], " ")
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let want = norm(reported);
-    gpus::GPUS
+    static NORMALISED: LazyLock<Vec<(String, &'static GpuProduct)>> = LazyLock::new(|| {
+        gpus::GPUS
+            .iter()
+            .map(|g| (normalise_product(g.product), g))
+            .collect()
+    });
+    let want = normalise_product(reported);
+    NORMALISED
         .iter()
-        .find(|g| norm(g.product) == want)
+        .find(|(n, _)| *n == want)
+        .map(|(_, g)| *g)
         .or_else(|| gpus::find(reported))
+}
+
+fn normalise_product(s: &str) -> String {
+    s.to_ascii_lowercase()
+        .replace(['-', '_'], " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A node with GFD labels and no GpuNode becomes a synthetic GpuNode whose GPUs
@@ -187,7 +216,7 @@ pub trait Source: Send + Sync {
 /// A fixed inventory (a cluster file): synced from the start.
 #[derive(Clone, Debug, Default)]
 pub struct Static {
-    snapshot: Arc<RwLock<Snapshot>>,
+    snapshot: Snapshot,
 }
 
 impl Static {
@@ -198,22 +227,14 @@ impl Static {
             .map(|t| t.0.as_second())
             .max();
         Static {
-            snapshot: Arc::new(RwLock::new(Snapshot {
-                nodes,
-                refreshed_unix: Some(now_unix),
-                synced: true,
-                as_of_unix,
-            })),
+            snapshot: Snapshot::new(nodes, Some(now_unix), true, as_of_unix),
         }
     }
 }
 
 impl Source for Static {
     fn snapshot(&self) -> Snapshot {
-        self.snapshot
-            .read()
-            .map(|s| s.clone())
-            .unwrap_or_else(|e| e.into_inner().clone())
+        self.snapshot.clone()
     }
 }
 
@@ -243,12 +264,7 @@ mod tests {
         let s = g.status.unwrap();
         assert_eq!(s.gpus.len(), 8);
         assert_eq!(s.gpus[0].total_bytes, 40960 * 1024 * 1024);
-        let snap = Snapshot {
-            nodes: merge(Vec::new(), &[node]),
-            refreshed_unix: None,
-            synced: true,
-            as_of_unix: None,
-        };
+        let snap = Snapshot::new(merge(Vec::new(), &[node]), None, true, None);
         let p = snap.products();
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].gpus, 8);

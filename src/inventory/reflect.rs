@@ -32,12 +32,12 @@ impl Source for Reflected {
             .collect();
         let nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
         let refreshed = self.refreshed.load(Ordering::Relaxed);
-        Snapshot {
-            nodes: merge(gpu_nodes, &nodes),
-            refreshed_unix: (refreshed > 0).then_some(refreshed),
-            synced: self.synced.load(Ordering::Relaxed),
-            as_of_unix: None,
-        }
+        Snapshot::new(
+            merge(gpu_nodes, &nodes),
+            (refreshed > 0).then_some(refreshed),
+            self.synced.load(Ordering::Relaxed),
+            None,
+        )
     }
 }
 

@@ -2,15 +2,19 @@
 //! fits (`shrink`, priced by `cost`), and placement over the cluster's GPUs
 //! (`place`). Pure functions, no I/O.
 
+mod advice;
 pub mod cost;
 pub mod place;
+pub mod settings;
 pub mod shrink;
 
+pub use advice::Advice;
 pub use place::{
     Assignment, DeviceAssignment, Need, NodeAssignment, PlaceOutcome, Request, Reservation,
     architecture_of, place, place_with,
 };
-pub use shrink::{Advice, Allowance, Plan, Settings, Shrink, effective_batch, search, shrink};
+pub use settings::{ALL_FIELDS, Plan, Settings, effective_batch};
+pub use shrink::{Allowance, Shrink, search, shrink};
 
 use serde::Serialize;
 

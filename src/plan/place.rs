@@ -19,6 +19,9 @@
 //! - nothing fits now but would on empty GPUs of some eligible node: Wait;
 //!   otherwise Reject. Both say why, in bytes.
 
+mod products;
+mod why;
+
 use std::collections::HashMap;
 
 use k8s_openapi::jiff::Timestamp;
@@ -26,8 +29,12 @@ use serde::Serialize;
 
 use super::{GpuView, Verdict, fit, with_margin};
 use crate::api::{GpuNode, GpuStatus, Placement, ValidatedJob};
-use crate::estimate::gpus::{self, Architecture, DRIVER_RESERVE_BYTES};
-use crate::estimate::{self, EstimateError, GIB, GpuProduct};
+pub use products::architecture_of;
+use products::{UNKNOWN_ARCHITECTURE, arch_slot, representative};
+use why::Tally;
+
+use crate::estimate::gpus::{Architecture, DRIVER_RESERVE_BYTES};
+use crate::estimate::{self, EstimateError};
 
 /// Memory promised to an admitted job that does not run yet: counts as used.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,72 +137,6 @@ impl PlaceOutcome {
     }
 }
 
-/// The architecture of a probed GPU: its `architecture` field, else its
-/// product name looked up in the catalog, else recognised by family.
-pub fn architecture_of(gpu: &GpuStatus) -> Option<Architecture> {
-    if let Some(a) = &gpu.architecture
-        && let Some(arch) = Architecture::ALL
-            .iter()
-            .find(|x| x.as_str().eq_ignore_ascii_case(a.trim()))
-    {
-        return Some(*arch);
-    }
-    let product = gpu.product.trim();
-    if let Some(p) = gpus::GPUS
-        .iter()
-        .find(|p| p.product.eq_ignore_ascii_case(product))
-        .or_else(|| gpus::find(product))
-    {
-        return Some(p.architecture);
-    }
-    let upper = product.to_ascii_uppercase();
-    const FAMILIES: &[(&str, Architecture)] = &[
-        ("H100", Architecture::Hopper),
-        ("H200", Architecture::Hopper),
-        ("H800", Architecture::Hopper),
-        ("B200", Architecture::Blackwell),
-        ("B100", Architecture::Blackwell),
-        ("RTX 50", Architecture::Blackwell),
-        ("A100", Architecture::Ampere),
-        ("A800", Architecture::Ampere),
-        ("A10", Architecture::Ampere),
-        ("A30", Architecture::Ampere),
-        ("A40", Architecture::Ampere),
-        ("RTX A", Architecture::Ampere),
-        ("RTX 30", Architecture::Ampere),
-        ("L40", Architecture::Ada),
-        ("L4", Architecture::Ada),
-        ("ADA", Architecture::Ada),
-        ("RTX 40", Architecture::Ada),
-        ("V100", Architecture::Volta),
-        ("T4", Architecture::Turing),
-        ("RTX 20", Architecture::Turing),
-    ];
-    FAMILIES
-        .iter()
-        .find(|(k, _)| upper.contains(k))
-        .map(|(_, a)| *a)
-}
-
-/// A whole-card catalog product of `arch` (the estimate depends on the GPU only through it).
-fn representative(arch: Architecture) -> &'static GpuProduct {
-    gpus::GPUS
-        .iter()
-        .find(|g| g.architecture == arch && !g.mig)
-        .expect("the catalog has a whole card of every architecture")
-}
-
-/// Architecture assumed for a GPU we cannot recognise: the one with the
-/// largest per-process overheads, so the need is not underestimated.
-const UNKNOWN_ARCHITECTURE: Architecture = Architecture::Blackwell;
-
-fn arch_slot(a: Architecture) -> usize {
-    Architecture::ALL
-        .iter()
-        .position(|x| *x == a)
-        .expect("ALL lists every architecture")
-}
-
 /// Place `job` (as written) over `nodes`, estimating it once per architecture.
 pub fn place(
     job: &ValidatedJob,
@@ -248,27 +189,6 @@ struct Device<'n> {
     mig: Option<(u32, &'n str)>,
     arch: Architecture,
     view: GpuView,
-}
-
-/// Why nodes were left out, for the reason of a Wait or Reject.
-#[derive(Default)]
-struct Tally<'n> {
-    stale: Vec<&'n str>,
-    tainted: Vec<(&'n str, String)>,
-    unhealthy_gpus: usize,
-    mig_gpus: usize,
-    unknown_gpus: usize,
-    /// Eligible nodes (fresh, tolerated).
-    eligible: usize,
-    /// Nodes with every rank's GPU now, and once empty.
-    candidates: usize,
-    candidates_empty: usize,
-    /// The node with the most fitting devices: (count, node).
-    best: Option<(usize, &'n str)>,
-    /// The non-fitting device closest to fitting: (short by, node, index).
-    closest: Option<(u64, &'n str, u32)>,
-    /// Smallest and largest need (with margin) seen.
-    need: Option<(u64, u64)>,
 }
 
 /// A node's best-fit score for one pass.
@@ -580,19 +500,6 @@ impl<'a> Placer<'a> {
     }
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / GIB)
-}
-
-fn list(names: &[&str]) -> String {
-    const SHOWN: usize = 3;
-    let mut s = names[..names.len().min(SHOWN)].join(", ");
-    if names.len() > SHOWN {
-        s.push_str(&format!(", … {} more", names.len() - SHOWN));
-    }
-    s
-}
-
 /// Place a job of `request.gpus` ranks, each needing `need(architecture)` on a
 /// GPU of that architecture (`None`: cannot run there).
 pub fn place_with(
@@ -640,110 +547,7 @@ pub fn place_with(
     }
     let later = placer.choose(nodes, &eligible, Pass::Empty);
 
-    // Why, in numbers.
-    let t = &placer.tally;
-    let nodes_needed = ranks.div_ceil(gpus_per_node);
-    let need = match t.need {
-        Some((lo, hi)) if gib(lo) == gib(hi) => format!("{} per GPU", gib(hi)),
-        Some((lo, hi)) => format!("{}–{} per GPU", gib(lo), gib(hi)),
-        None => "an unknown amount per GPU".to_string(),
-    };
-    let shape = if nodes_needed > 1 {
-        format!("{nodes_needed} nodes with {ranks_per_node} GPUs of {need} each")
-    } else {
-        format!("{ranks_per_node} GPU(s) of {need} on one node")
-    };
-    let mut skipped = Vec::new();
-    if !t.stale.is_empty() {
-        skipped.push(format!("{} stale ({})", t.stale.len(), list(&t.stale)));
-    }
-    if !t.tainted.is_empty() {
-        let named: Vec<String> = t.tainted.iter().map(|(n, k)| format!("{n}: {k}")).collect();
-        let named: Vec<&str> = named.iter().map(String::as_str).collect();
-        skipped.push(format!("{} tainted ({})", t.tainted.len(), list(&named)));
-    }
-    if t.unhealthy_gpus > 0 {
-        skipped.push(format!("{} unhealthy GPU(s)", t.unhealthy_gpus));
-    }
-    if t.mig_gpus > 0 {
-        skipped.push(format!(
-            "{} GPU(s) split into MIG slices (single-GPU jobs only)",
-            t.mig_gpus
-        ));
-    }
-    let skipped = if skipped.is_empty() {
-        String::new()
-    } else {
-        format!("; skipped: {}", skipped.join(", "))
-    };
-    let unknown = if t.unknown_gpus > 0 {
-        format!(
-            "; {} GPU(s) of unknown product judged as {}",
-            t.unknown_gpus,
-            UNKNOWN_ARCHITECTURE.as_str()
-        )
-    } else {
-        String::new()
-    };
-    let mut now = Vec::new();
-    if t.eligible > 0 {
-        if let Some((k, node)) = t.best.filter(|b| b.0 > 0) {
-            now.push(format!(
-                "the best, {node}, has {k} of {ranks_per_node} GPU(s) with room"
-            ));
-        }
-        if let Some((short, node, idx)) = t.closest {
-            now.push(format!(
-                "closest: GPU {idx} on {node}, short by {}",
-                gib(short)
-            ));
-        }
-    }
-    let now = if now.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", now.join("; "))
-    };
-    let room = if nodes_needed > 1 {
-        format!(" ({} of {nodes_needed} nodes have room)", t.candidates)
-    } else {
-        String::new()
-    };
-    match later {
-        Some(chosen) => {
-            let names: Vec<&str> = chosen
-                .iter()
-                .map(|&i| nodes[i].spec.node_name.as_str())
-                .collect();
-            PlaceOutcome::Wait {
-                reason: format!(
-                    "no room now for {shape}{room}{now}; it fits {} once running or admitted jobs free their GPUs{skipped}{unknown}",
-                    names.join(", ")
-                ),
-            }
-        }
-        None if t.eligible == 0 => PlaceOutcome::Reject {
-            reason: format!(
-                "no eligible node among {} for {shape}{skipped}",
-                nodes.len()
-            ),
-        },
-        None => PlaceOutcome::Reject {
-            reason: format!(
-                "the cluster cannot hold {shape} even with its GPUs empty ({} of {} nodes eligible{}){now}{skipped}{unknown}",
-                t.eligible,
-                nodes.len(),
-                if nodes_needed > 1 {
-                    format!(
-                        ", {} of {nodes_needed} could hold their ranks",
-                        t.candidates_empty
-                    )
-                } else {
-                    String::new()
-                }
-            ),
-        },
-    }
+    why::explain(&placer.tally, nodes, later, ranks_per_node, ranks.div_ceil(gpus_per_node))
 }
 
 #[cfg(test)]
@@ -945,21 +749,5 @@ mod tests {
         );
         let out = place_with(&request(2, 2), &nodes, &[], &mut need_gib(8));
         assert!(matches!(out, PlaceOutcome::Reject { .. }), "{out:?}");
-    }
-
-    #[test]
-    fn architecture_is_recognised() {
-        let mut g = gpu(0, 80, 80);
-        assert_eq!(architecture_of(&g), Some(Architecture::Hopper));
-        g.product = "NVIDIA A100-SXM4-40GB".into();
-        assert_eq!(architecture_of(&g), Some(Architecture::Ampere));
-        g.product = "NVIDIA L40S".into();
-        assert_eq!(architecture_of(&g), Some(Architecture::Ada));
-        g.product = "NVIDIA A100 80GB PCIe".into();
-        assert_eq!(architecture_of(&g), Some(Architecture::Ampere));
-        g.product = "Mystery GPU".into();
-        assert_eq!(architecture_of(&g), None);
-        g.architecture = Some("Hopper".into());
-        assert_eq!(architecture_of(&g), Some(Architecture::Hopper));
     }
 }

@@ -13,23 +13,15 @@
 
 use serde::Serialize;
 
+use super::advice::{Advice, advise};
+use super::settings::{ALL_FIELDS, Plan, Settings, effective_batch};
 use super::{GpuView, Verdict, cost, fit};
 use crate::api::{
     AdjustableField, Checkpointing, EstimateStatus, FitMode, FitPolicy, Head, Loss, Optimizer,
-    PlanStatus, Precision, Strategy, TrainingMode, ValidatedJob,
+    Precision, Strategy, TrainingMode, ValidatedJob,
 };
-use crate::estimate::gpus::{self, Architecture};
-use crate::estimate::{self, EstimateError, GIB, GpuProduct};
-
-/// Every field a fit policy can allow, in the order changes are listed.
-pub const ALL_FIELDS: [AdjustableField; 6] = [
-    AdjustableField::MicroBatchSize,
-    AdjustableField::GradientCheckpointing,
-    AdjustableField::Precision,
-    AdjustableField::Optimizer,
-    AdjustableField::ZeroStage,
-    AdjustableField::Loss,
-];
+use crate::estimate::gpus::Architecture;
+use crate::estimate::{self, EstimateError, GpuProduct};
 
 /// Largest micro-batch up to which candidate micro-batches are found by
 /// trying every divisor; above it only the divisors of the written micro-batch.
@@ -98,195 +90,6 @@ impl Allowance {
     }
 }
 
-/// The knobs a plan sets (the `status.plan` fields, plus the loss).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Settings {
-    pub micro_batch_size: u64,
-    pub gradient_accumulation_steps: u64,
-    pub precision: Precision,
-    pub gradient_checkpointing: Checkpointing,
-    pub optimizer: Optimizer,
-    pub zero_stage: u8,
-    pub loss: Loss,
-}
-
-impl Settings {
-    /// The job's settings as written.
-    pub fn of(job: &ValidatedJob) -> Settings {
-        let t = &job.spec.training;
-        Settings {
-            micro_batch_size: t.micro_batch_size,
-            gradient_accumulation_steps: job.gradient_accumulation_steps,
-            precision: t.precision,
-            gradient_checkpointing: t.gradient_checkpointing,
-            optimizer: t.optimizer,
-            zero_stage: job.spec.parallelism.zero_stage,
-            loss: t.loss,
-        }
-    }
-
-    /// Write these settings into `job` (what the estimator reads).
-    pub fn apply_to(&self, job: &mut ValidatedJob) {
-        let t = &mut job.spec.training;
-        t.micro_batch_size = self.micro_batch_size;
-        t.precision = self.precision;
-        t.gradient_checkpointing = self.gradient_checkpointing;
-        t.optimizer = self.optimizer;
-        t.loss = self.loss;
-        job.spec.parallelism.zero_stage = self.zero_stage;
-        job.gradient_accumulation_steps = self.gradient_accumulation_steps;
-    }
-
-    /// Fields whose value differs from `other`.
-    pub fn changed_fields(&self, other: &Settings) -> Vec<AdjustableField> {
-        ALL_FIELDS
-            .iter()
-            .copied()
-            .filter(|f| match f {
-                AdjustableField::MicroBatchSize => {
-                    self.micro_batch_size != other.micro_batch_size
-                        || self.gradient_accumulation_steps != other.gradient_accumulation_steps
-                }
-                AdjustableField::GradientCheckpointing => {
-                    self.gradient_checkpointing != other.gradient_checkpointing
-                }
-                AdjustableField::Precision => self.precision != other.precision,
-                AdjustableField::Optimizer => self.optimizer != other.optimizer,
-                AdjustableField::ZeroStage => self.zero_stage != other.zero_stage,
-                AdjustableField::Loss => self.loss != other.loss,
-            })
-            .collect()
-    }
-
-    /// `field: from → to` for every change from `from`, in [`ALL_FIELDS`] order.
-    pub fn changes_from(&self, from: &Settings) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut push = |field: &str, a: String, b: String| {
-            if a != b {
-                out.push(format!("{field}: {a} → {b}"));
-            }
-        };
-        push(
-            "microBatchSize",
-            from.micro_batch_size.to_string(),
-            self.micro_batch_size.to_string(),
-        );
-        push(
-            "gradientAccumulationSteps",
-            from.gradient_accumulation_steps.to_string(),
-            self.gradient_accumulation_steps.to_string(),
-        );
-        push(
-            "gradientCheckpointing",
-            yaml_name(&from.gradient_checkpointing),
-            yaml_name(&self.gradient_checkpointing),
-        );
-        push(
-            "precision",
-            yaml_name(&from.precision),
-            yaml_name(&self.precision),
-        );
-        push(
-            "optimizer",
-            yaml_name(&from.optimizer),
-            yaml_name(&self.optimizer),
-        );
-        push(
-            "zeroStage",
-            from.zero_stage.to_string(),
-            self.zero_stage.to_string(),
-        );
-        push("loss", yaml_name(&from.loss), yaml_name(&self.loss));
-        out
-    }
-}
-
-/// The YAML spelling of an enum value.
-fn yaml_name<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-/// A way to run the job on one GPU, with its estimate there.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Plan {
-    #[serde(flatten)]
-    pub settings: Settings,
-    /// The settings as written (what `changes` start from).
-    #[serde(skip)]
-    pub original: Settings,
-    /// Every change as `field: from → to`; empty when the job fits as written.
-    pub changes: Vec<String>,
-    /// Estimated step time over the step time as written (1.0: unchanged).
-    pub slowdown: f64,
-    /// Micro-batch × accumulation × data-parallel ranks, the same as written.
-    pub effective_batch_size: u64,
-    /// The estimate of the changed job (`status.estimate` of the plan).
-    pub estimate: EstimateStatus,
-    pub verdict: Verdict,
-}
-
-impl Plan {
-    /// Fields this plan changes.
-    pub fn changed_fields(&self) -> Vec<AdjustableField> {
-        self.settings.changed_fields(&self.original)
-    }
-
-    /// The job with this plan applied (what the estimator and the trainer see).
-    pub fn apply(&self, job: &ValidatedJob) -> ValidatedJob {
-        let mut out = job.clone();
-        self.settings.apply_to(&mut out);
-        out
-    }
-
-    /// `status.plan`.
-    pub fn to_status(&self) -> PlanStatus {
-        let s = &self.settings;
-        PlanStatus {
-            micro_batch_size: s.micro_batch_size,
-            gradient_accumulation_steps: s.gradient_accumulation_steps,
-            precision: s.precision,
-            gradient_checkpointing: s.gradient_checkpointing,
-            optimizer: s.optimizer,
-            zero_stage: s.zero_stage,
-            changes: self.changes.clone(),
-        }
-    }
-
-    /// One line for people: what changes, that the batch is kept, the room left, the cost.
-    pub fn summary(&self) -> String {
-        let fits = format!(
-            "fits with {:.1} GiB to spare",
-            self.verdict.headroom_bytes as f64 / GIB
-        );
-        if self.changes.is_empty() {
-            return format!("as written: {fits}");
-        }
-        let mut s = self.changes.join(", ");
-        if self.settings.micro_batch_size != self.original.micro_batch_size {
-            s.push_str(&format!(
-                " keeps the effective batch of {} and",
-                self.effective_batch_size
-            ));
-        }
-        format!(
-            "{s} {fits} (≈{:.0} % slower)",
-            (self.slowdown - 1.0).max(0.0) * 100.0
-        )
-    }
-}
-
-/// Micro-batch × accumulation × data-parallel ranks (= `globalBatchSize` when given).
-pub fn effective_batch(job: &ValidatedJob) -> u128 {
-    u128::from(job.spec.training.micro_batch_size)
-        * u128::from(job.gradient_accumulation_steps.max(1))
-        * u128::from(job.data_parallel.max(1))
-}
-
 /// What the planner says about a job on one GPU.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -302,27 +105,6 @@ pub struct Shrink {
     /// Why nothing allowed fits and what would; set exactly when `plan` is `None`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advice: Option<Advice>,
-}
-
-/// What would fit when nothing the policy allows does.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Advice {
-    /// For people, with the numbers.
-    pub message: String,
-    /// The cheapest plan on this GPU with every field allowed (micro-batch down to 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan_if_allowed: Option<Plan>,
-    /// Policy edits that plan needs (`fitPolicy.mode: Adjust`, `allow zeroStage`, ...).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub policy_changes: Vec<String>,
-    /// When no plan fits this GPU: catalog GPUs (whole cards, smallest first) that would
-    /// hold the job as written, or else its cheapest all-allowed plan.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub gpus: Vec<&'static str>,
-    /// Per-GPU need (with margin) on the smallest of `gpus`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_gpu_bytes: Option<u64>,
 }
 
 /// One combination of the discrete knobs and its cost.
@@ -581,14 +363,6 @@ pub fn search(
     })
 }
 
-fn gib_ceil(bytes: u64) -> u64 {
-    bytes.div_ceil(1 << 30)
-}
-
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / GIB)
-}
-
 /// Fit the job to `view` of `gpu` under its own fit policy: as written if it
 /// fits, else the cheapest allowed plan, else advice. Errors only when the job
 /// as written cannot be estimated.
@@ -643,181 +417,11 @@ pub fn shrink(
     })
 }
 
-fn field_name(f: AdjustableField) -> String {
-    yaml_name(&f)
-}
-
-fn advise(
-    job: &ValidatedJob,
-    gpu: &'static GpuProduct,
-    view: GpuView,
-    allowed: Allowance,
-    as_written: &Verdict,
-) -> Advice {
-    let policy = &job.spec.fit_policy;
-    let short = if as_written.short_by_bytes > 0 {
-        format!(
-            "needs {} per GPU with the {:.0} % margin, {} free: short by {}",
-            gib(as_written.need_bytes),
-            policy.safety_margin * 100.0,
-            gib(as_written.have_bytes),
-            gib(as_written.short_by_bytes)
-        )
-    } else {
-        format!(
-            "its largest tensor ({}) exceeds the largest free block ({})",
-            gib(as_written.largest_tensor_bytes),
-            gib(as_written.largest_block_bytes)
-        )
-    };
-    let why = match policy.mode {
-        FitMode::Reject => format!("does not fit {} as written ({short})", gpu.name),
-        FitMode::Adjust => {
-            let allow: Vec<String> = ALL_FIELDS
-                .iter()
-                .filter(|f| allowed.allows(**f))
-                .map(|f| field_name(*f))
-                .collect();
-            format!(
-                "does not fit {} ({short}), and no change in allow [{}] with minMicroBatchSize {} fits",
-                gpu.name,
-                allow.join(", "),
-                allowed.min_micro_batch_size
-            )
-        }
-    };
-    if let Some(plan) = search(job, gpu, view, Allowance::all()) {
-        let mut policy_changes = Vec::new();
-        if policy.mode == FitMode::Reject {
-            policy_changes.push("fitPolicy.mode: Reject → Adjust".to_string());
-        }
-        for f in plan.changed_fields() {
-            if policy.mode == FitMode::Reject || !allowed.allows(f) {
-                let mut s = format!("allow {}", field_name(f));
-                if f == AdjustableField::ZeroStage {
-                    s.push_str(&format!(
-                        " ({} over {} data-parallel ranks)",
-                        plan.settings.zero_stage, job.data_parallel
-                    ));
-                }
-                policy_changes.push(s);
-            }
-        }
-        if plan.settings.micro_batch_size < allowed.min_micro_batch_size {
-            policy_changes.push(format!(
-                "fitPolicy.minMicroBatchSize: {} → {}",
-                allowed.min_micro_batch_size, plan.settings.micro_batch_size
-            ));
-        }
-        let message = format!(
-            "{why}; with {} it would: {}",
-            policy_changes.join(", "),
-            plan.summary()
-        );
-        return Advice {
-            message,
-            plan_if_allowed: Some(plan),
-            policy_changes,
-            gpus: Vec::new(),
-            min_gpu_bytes: None,
-        };
-    }
-    let (gpus, min_gpu_bytes, how) = bigger_gpus(job);
-    let message = if gpus.is_empty() {
-        format!(
-            "{why}; no change fits it on {}, and no GPU in the catalog holds it even with every change allowed: spread it over more GPUs (tensorParallel, pipelineParallel, or zeroStage 3 over more ranks)",
-            gpu.name
-        )
-    } else {
-        format!(
-            "{why}; no change fits it on {}; needs a GPU with ≥ {} GiB{how}: {}",
-            gpu.name,
-            gib_ceil(min_gpu_bytes.unwrap_or(0)),
-            gpus.join(", ")
-        )
-    };
-    Advice {
-        message,
-        plan_if_allowed: None,
-        policy_changes: Vec::new(),
-        gpus,
-        min_gpu_bytes,
-    }
-}
-
-/// Whole-card catalog GPUs (smallest first) that hold the job as written on an
-/// empty card, else with the cheapest all-allowed plan; the smallest need; how.
-fn bigger_gpus(job: &ValidatedJob) -> (Vec<&'static str>, Option<u64>, &'static str) {
-    let margin = job.spec.fit_policy.safety_margin;
-    let mut cards: Vec<&'static GpuProduct> = gpus::GPUS.iter().filter(|g| !g.mig).collect();
-    cards.sort_by(|a, b| {
-        a.usable_bytes()
-            .cmp(&b.usable_bytes())
-            .then(a.name.cmp(b.name))
-    });
-    // The estimate depends on the GPU only through its architecture.
-    let mut by_arch: Vec<(Architecture, Option<(u64, u64)>)> = Vec::new();
-    let mut fitting = Vec::new();
-    let mut min_need: Option<u64> = None;
-    for card in &cards {
-        let need = match by_arch.iter().find(|(a, _)| *a == card.architecture) {
-            Some((_, n)) => *n,
-            None => {
-                let n = estimate::estimate(job, card)
-                    .ok()
-                    .map(|e| (e.status.per_gpu_bytes, e.status.largest_tensor_bytes));
-                by_arch.push((card.architecture, n));
-                n
-            }
-        };
-        let Some((per_gpu, largest)) = need else {
-            continue;
-        };
-        let v = fit(
-            per_gpu,
-            largest,
-            margin,
-            GpuView::empty(card.usable_bytes()),
-        );
-        if v.fits {
-            fitting.push(card.name);
-            min_need = Some(min_need.map_or(v.need_bytes, |m| m.min(v.need_bytes)));
-        }
-    }
-    if !fitting.is_empty() {
-        return (fitting, min_need, " as written");
-    }
-    // Largest card of each architecture first: if it fails, the smaller ones do too.
-    let mut planned: Vec<(u64, &'static str)> = Vec::new();
-    for arch in Architecture::ALL {
-        for card in cards.iter().rev().filter(|c| c.architecture == arch) {
-            match search(
-                job,
-                card,
-                GpuView::empty(card.usable_bytes()),
-                Allowance::all(),
-            ) {
-                Some(plan) => {
-                    planned.push((card.usable_bytes(), card.name));
-                    let need = plan.verdict.need_bytes;
-                    min_need = Some(min_need.map_or(need, |m| m.min(need)));
-                }
-                None => break,
-            }
-        }
-    }
-    planned.sort_unstable();
-    (
-        planned.into_iter().map(|(_, n)| n).collect(),
-        min_need,
-        " with every change allowed",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{self, TrainingJobSpec};
+    use crate::estimate::gpus;
 
     fn job(yaml: &str) -> ValidatedJob {
         let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");
@@ -928,39 +532,6 @@ fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
     }
 
     #[test]
-    fn too_big_for_one_gpu_names_bigger_gpus() {
-        // 70B full fine-tune on one GPU: nothing fits anywhere.
-        let j = job("
-model: {preset: llama-3-70b}
-training: {mode: full, microBatchSize: 1, sequenceLength: 4096}
-fitPolicy: {mode: Adjust}
-");
-        let g = gpu("a100-80gb");
-        let s = shrink(&j, g, empty(g)).expect("estimates");
-        let a = s.advice.expect("advice");
-        assert!(a.plan_if_allowed.is_none());
-        assert!(a.gpus.is_empty(), "{:?}", a.gpus);
-        assert!(a.message.contains("more GPUs"), "{}", a.message);
-
-        // A 13B LoRA at a long sequence on a T4: a bigger card holds it.
-        let j = job("
-model: {preset: llama-2-13b}
-training: {mode: lora, microBatchSize: 1, sequenceLength: 2048, precision: fp16-mixed}
-fitPolicy: {mode: Adjust}
-");
-        let g = gpu("t4");
-        let s = shrink(&j, g, empty(g)).expect("estimates");
-        let a = s.advice.expect("advice");
-        assert!(!a.gpus.is_empty());
-        assert!(!a.gpus.contains(&"t4"));
-        assert!(a.message.contains("needs a GPU with ≥"), "{}", a.message);
-        let min = a.min_gpu_bytes.expect("a need");
-        for name in &a.gpus {
-            assert!(gpu(name).usable_bytes() >= min, "{name}");
-        }
-    }
-
-    #[test]
     fn fp32_on_volta_goes_to_fp16_mixed() {
         let j = job("
 model: {preset: llama-3.2-1b}
@@ -987,33 +558,6 @@ parallelism: {gpus: 8}
         assert_eq!(
             options(&j, gpu("h100"), Allowance::all()).zero_stage,
             vec![0, 1, 2, 3]
-        );
-    }
-
-    #[test]
-    fn changes_read_field_from_to() {
-        let j = job(FULL_8B);
-        let from = Settings::of(&j);
-        let to = Settings {
-            micro_batch_size: 2,
-            gradient_accumulation_steps: 4,
-            gradient_checkpointing: Checkpointing::Selective,
-            ..from
-        };
-        assert_eq!(
-            to.changes_from(&from),
-            vec![
-                "microBatchSize: 8 → 2",
-                "gradientAccumulationSteps: 8 → 4",
-                "gradientCheckpointing: none → selective"
-            ]
-        );
-        assert_eq!(
-            to.changed_fields(&from),
-            vec![
-                AdjustableField::MicroBatchSize,
-                AdjustableField::GradientCheckpointing
-            ]
         );
     }
 

@@ -67,10 +67,27 @@ fn gib(b: u64) -> String {
 }
 
 fn read_job(obj: &DynamicObject) -> Result<(api::TrainingJob, ValidatedJob), String> {
-    let value = serde_json::to_value(obj).map_err(|e| format!("the object is not JSON: {e}"))?;
+    let value = object_value(obj)?;
     let tj = parse::training_job(value).map_err(|e| e.to_string())?;
     let job = api::validate(&tj.spec).map_err(|e| e.to_string())?;
     Ok((tj, job))
+}
+
+/// The object as JSON, built from its parts (cheaper than serialising it whole).
+fn object_value(obj: &DynamicObject) -> Result<serde_json::Value, String> {
+    let mut map = match &obj.data {
+        serde_json::Value::Object(m) => m.clone(),
+        serde_json::Value::Null => serde_json::Map::new(),
+        other => return Err(format!("the object is {other}, not a JSON object")),
+    };
+    if let Some(types) = &obj.types {
+        map.insert("apiVersion".into(), types.api_version.clone().into());
+        map.insert("kind".into(), types.kind.clone().into());
+    }
+    let metadata =
+        serde_json::to_value(&obj.metadata).map_err(|e| format!("the object's metadata: {e}"))?;
+    map.insert("metadata".into(), metadata);
+    Ok(serde_json::Value::Object(map))
 }
 
 /// What one GPU product says about the job.
@@ -105,7 +122,7 @@ pub fn review(
     };
     if req.operation == Operation::Update
         && let Some(old) = &req.old_object
-        && let Ok(old_value) = serde_json::to_value(old)
+        && let Ok(old_value) = object_value(old)
         && let Ok(old_tj) = parse::training_job(old_value)
     {
         let mut changed = Vec::new();
@@ -139,24 +156,45 @@ pub fn review(
     let gpus_needed = job.spec.parallelism.gpus;
     let single_node = gpus_needed <= job.gpus_per_node;
     let fallback = gpus::find("h100-80gb").expect("the catalog has h100-80gb");
-    let mut answers = Vec::new();
-    for p in &products {
-        // Enough GPUs of this product to host every rank.
-        let enough = p.gpus >= gpus_needed && (!single_node || p.max_per_node >= gpus_needed);
-        if !enough {
-            continue;
+    // Enough GPUs of a product to host every rank.
+    let eligible: Vec<&ProductCount> = products
+        .iter()
+        .filter(|p| p.gpus >= gpus_needed && (!single_node || p.max_per_node >= gpus_needed))
+        .collect();
+
+    // Fits as written on some product? One estimate per GPU model, no search.
+    let mut estimates: Vec<(&'static str, crate::estimate::Estimate)> = Vec::new();
+    for p in &eligible {
+        let catalog = p.catalog.unwrap_or(fallback);
+        let est = match estimates.iter().find(|(n, _)| *n == catalog.name) {
+            Some((_, e)) => e.clone(),
+            None => match crate::estimate::estimate(&job, catalog) {
+                Ok(e) => {
+                    estimates.push((catalog.name, e.clone()));
+                    e
+                }
+                Err(e) => return deny(req, Reason::InvalidSpec, &e.to_string()),
+            },
+        };
+        let v = plan::fit(
+            est.status.per_gpu_bytes,
+            est.status.largest_tensor_bytes,
+            job.spec.fit_policy.safety_margin,
+            GpuView::empty(p.usable_bytes),
+        );
+        if v.fits {
+            let warnings = busy_warning(&job, snapshot, now).into_iter().collect();
+            return allow(req, Reason::Fits, warnings);
         }
+    }
+
+    let mut answers = Vec::new();
+    for p in eligible {
         let catalog = p.catalog.unwrap_or(fallback);
         match plan::shrink(&job, catalog, GpuView::empty(p.usable_bytes)) {
             Ok(shrink) => answers.push(ProductAnswer { product: p, shrink }),
             Err(e) => return deny(req, Reason::InvalidSpec, &e.to_string()),
         }
-    }
-
-    // Fits as written on some product?
-    if answers.iter().any(|a| a.shrink.as_written.fits) {
-        let warnings = busy_warning(&job, snapshot, now).into_iter().collect();
-        return allow(req, Reason::Fits, warnings);
     }
     // Fits after an allowed change?
     let cheapest = answers
@@ -223,7 +261,7 @@ pub fn review(
 
 /// A warning when the job fits an empty GPU but no node has room now.
 fn busy_warning(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Option<String> {
-    match plan::place(job, &snapshot.nodes, &[], &[], now) {
+    match plan::place(job, &snapshot.nodes[..], &[], &[], now) {
         Ok(PlaceOutcome::Placed(_)) => None,
         Ok(PlaceOutcome::Wait { reason }) => {
             Some(format!("cluster busy now, the job will wait: {reason}"))

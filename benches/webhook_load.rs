@@ -1,0 +1,195 @@
+//! Load on the admission webhook over TLS, as the API server applies it:
+//! N keep-alive connections posting real AdmissionReviews. Reports throughput
+//! and p50/p99 latency at a fixed 1 000 reviews/s and at saturation.
+//!
+//!     cargo bench --bench webhook_load
+//!
+//! Environment: VRAMGUARD_LOAD_SECS (default 5), VRAMGUARD_LOAD_CONNECTIONS (default 16),
+//! VRAMGUARD_LOAD_REVIEW (default examples/admission/create-fits.json).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use vramguard::inventory::Static;
+use vramguard::webhook::{self, AppState, tls};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn start() -> (SocketAddr, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("examples/cluster.yaml")).expect("cluster file");
+    let nodes = vramguard::api::parse::documents(&text)
+        .expect("cluster YAML")
+        .into_iter()
+        .map(|d| vramguard::api::parse::gpu_node(d).expect("GpuNode"))
+        .collect();
+    let pair = tls::self_signed(&["localhost".into()]).expect("certificate");
+    let config = tls::server_config_from_pem(
+        pair.cert_pem.as_bytes(),
+        pair.key_pem.as_bytes(),
+        Path::new("cert"),
+        Path::new("key"),
+    )
+    .expect("TLS config");
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let state = Arc::new(AppState::new(Arc::new(Static::new(nodes, now))));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(webhook::serve(
+        "127.0.0.1:0".parse().expect("address"),
+        webhook::router(state),
+        axum_server::tls_rustls::RustlsConfig::from_config(config),
+        std::future::pending(),
+        Duration::from_secs(1),
+        Some(tx),
+    ));
+    (rx.await.expect("bound"), pair.ca_pem)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: SocketAddr, ca_pem: &str) -> Sender {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("CA")).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .expect("HTTP handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+async fn one(sender: &mut Sender, body: &Bytes) -> Duration {
+    let req = hyper::Request::post("/validate")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(body.clone()))
+        .expect("request");
+    let t = Instant::now();
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let _ = resp.into_body().collect().await.expect("body");
+    t.elapsed()
+}
+
+fn report(label: &str, mut lat: Vec<Duration>, wall: Duration) {
+    lat.sort();
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{label:<28} {:>7} reviews in {:>5.2} s = {:>8.0}/s   p50 {:>7.3} ms   p99 {:>7.3} ms   max {:>7.3} ms",
+        lat.len(),
+        wall.as_secs_f64(),
+        lat.len() as f64 / wall.as_secs_f64(),
+        q(0.50).as_secs_f64() * 1e3,
+        q(0.99).as_secs_f64() * 1e3,
+        lat[lat.len() - 1].as_secs_f64() * 1e3,
+    );
+}
+
+/// Every connection sends as fast as it can.
+async fn saturate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, body: Bytes) {
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    for _ in 0..conns {
+        let mut s = connect(addr, ca).await;
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let end = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < end {
+                lat.push(one(&mut s, &body).await);
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    report(
+        &format!("saturation, {conns} connections"),
+        all,
+        start.elapsed(),
+    );
+}
+
+/// A fixed total rate spread over the connections (open loop per connection).
+async fn fixed_rate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, rate: u64, body: Bytes) {
+    let per_conn = Duration::from_secs_f64(conns as f64 / rate as f64);
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    for i in 0..conns {
+        let mut s = connect(addr, ca).await;
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let offset = per_conn.mul_f64(i as f64 / conns as f64);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, per_conn);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let end = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < end {
+                tick.tick().await;
+                lat.push(one(&mut s, &body).await);
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    report(
+        &format!("{rate}/s, {conns} connections"),
+        all,
+        start.elapsed(),
+    );
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` runs this once quickly.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let secs = if quick {
+        1
+    } else {
+        env_u64("VRAMGUARD_LOAD_SECS", 5)
+    };
+    let conns = env_u64("VRAMGUARD_LOAD_CONNECTIONS", 16);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let review = std::env::var("VRAMGUARD_LOAD_REVIEW")
+        .map(Into::into)
+        .unwrap_or_else(|_| root.join("examples/admission/create-fits.json"));
+    let body = Bytes::from(std::fs::read(&review).expect("review file"));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let (addr, ca) = start().await;
+        println!("review: {}", review.display());
+        fixed_rate(addr, &ca, conns, secs, 1000, body.clone()).await;
+        saturate(addr, &ca, conns, secs, body).await;
+    });
+}

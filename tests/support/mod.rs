@@ -1,0 +1,3 @@
+//! Shared helpers for the integration tests (`mod support;` in a test file).
+
+pub mod apiserver;
