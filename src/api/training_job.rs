@@ -60,6 +60,10 @@ pub struct TrainingJobSpec {
 
 /// The model, given one way.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "[has(self.preset), has(self.transformer), has(self.hfConfig), has(self.layers), has(self.custom)].filter(x, x).size() == 1", "message": "set exactly one of preset, transformer, hfConfig, layers, custom"},
+        {"rule": "!has(self.layers) || has(self.inputShape)", "message": "inputShape is required with layers"}
+]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
     /// Name of a built-in catalog model, e.g. `llama-3.1-8b`.
@@ -92,16 +96,24 @@ pub struct ModelSpec {
 
 /// Explicit transformer dimensions.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "!has(self.kvHeads) || (self.kvHeads > 0 && self.attentionHeads % self.kvHeads == 0)", "message": "kvHeads must divide attentionHeads"},
+        {"rule": "has(self.headDim) || self.hiddenSize % self.attentionHeads == 0", "message": "attentionHeads must divide hiddenSize unless headDim is set"},
+        {"rule": "!has(self.experts) || self.experts == 0 ? (!has(self.expertsPerToken) || self.expertsPerToken == 0) : (has(self.expertsPerToken) && self.expertsPerToken >= 1 && self.expertsPerToken <= self.experts)", "message": "expertsPerToken must be between 1 and experts (0 for dense models)"}
+]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TransformerSpec {
     /// decoder | encoder | encoder-decoder.
     #[serde(default)]
     pub kind: TransformerKind,
     /// Transformer blocks.
+    #[schemars(range(min = 1))]
     pub layers: u64,
     /// Model width.
+    #[schemars(range(min = 1))]
     pub hidden_size: u64,
     /// Query heads.
+    #[schemars(range(min = 1))]
     pub attention_heads: u64,
     /// Key/value heads (GQA/MQA); default: attentionHeads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +125,7 @@ pub struct TransformerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intermediate_size: Option<u64>,
     /// Vocabulary size.
+    #[schemars(range(min = 1))]
     pub vocab_size: u64,
     /// gated (SwiGLU/GeGLU, 3 matrices) | standard (2 matrices).
     #[serde(default)]
@@ -188,6 +201,12 @@ pub struct CustomModel {
 
 /// How the model is trained.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "!has(self.globalBatchSize) || self.globalBatchSize % self.microBatchSize == 0", "message": "globalBatchSize must be a multiple of microBatchSize (times the data-parallel ranks)"},
+        {"rule": "self.mode != 'qlora' || !has(self.quantization) || self.quantization != 'none'", "message": "mode qlora needs 4-bit base weights (quantization nf4 or nf4-double)"},
+        {"rule": "self.mode != 'full' || !has(self.quantization) || self.quantization == 'none'", "message": "quantized base weights cannot be trained in mode full"},
+        {"rule": "!has(self.lora) || self.mode == 'lora' || self.mode == 'qlora'", "message": "lora is only used with mode lora or qlora"}
+]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingSpec {
     #[serde(default)]
@@ -282,6 +301,7 @@ pub enum TrainingMode {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoraSpec {
     #[serde(default = "default_lora_rank")]
+    #[schemars(range(min = 1))]
     pub rank: u64,
     #[serde(default = "default_lora_alpha")]
     pub alpha: f64,
@@ -407,6 +427,13 @@ pub enum Framework {
 
 /// How the job is split over GPUs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.gpus % (self.tensorParallel * self.pipelineParallel * self.contextParallel) == 0", "message": "gpus must be a multiple of tensorParallel × pipelineParallel × contextParallel"},
+        {"rule": "!self.sequenceParallel || self.tensorParallel >= 2", "message": "sequenceParallel needs tensorParallel >= 2"},
+        {"rule": "self.virtualStages == 1 || self.pipelineSchedule == 'interleaved-1f1b'", "message": "virtualStages > 1 needs pipelineSchedule interleaved-1f1b"},
+        {"rule": "self.offload != 'optimizer' || self.zeroStage >= 1", "message": "optimizer offload needs zeroStage >= 1"},
+        {"rule": "self.offload != 'optimizer-and-parameters' || self.zeroStage == 3", "message": "parameter offload needs zeroStage 3"}
+]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParallelismSpec {
     #[serde(default = "one")]
@@ -494,6 +521,9 @@ pub enum Offload {
 
 /// What vramguard may change to make a job fit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.safetyMargin >= 0.0 && self.safetyMargin < 1.0", "message": "safetyMargin must be a fraction in [0, 1)"}
+]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FitPolicy {
     /// Reject: as written or not at all | Adjust: may change what `allow` lists.

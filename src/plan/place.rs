@@ -547,7 +547,13 @@ pub fn place_with(
     }
     let later = placer.choose(nodes, &eligible, Pass::Empty);
 
-    why::explain(&placer.tally, nodes, later, ranks_per_node, ranks.div_ceil(gpus_per_node))
+    why::explain(
+        &placer.tally,
+        nodes,
+        later,
+        ranks_per_node,
+        ranks.div_ceil(gpus_per_node),
+    )
 }
 
 #[cfg(test)]

@@ -1,14 +1,19 @@
 //! Shrink: the cheapest change a job's fit policy allows that makes it fit one
-//! GPU, and when none does, what would (more allowed, or a bigger GPU). Pure:
-//! it calls the estimator on modified copies of the job, never I/O.
+//! GPU, and when none does, what would (`advice.rs`: more allowed, or a bigger
+//! GPU). Pure: it calls the estimator on modified copies of the job, never I/O.
 //!
 //! The search walks every combination of the discrete knobs (checkpointing,
 //! precision, optimizer, ZeRO stage, loss) in increasing order of their cost
 //! (`cost.rs`) and, per combination, binary-searches the largest micro-batch
-//! that fits: estimated memory does not decrease with the micro-batch. It stops
-//! once a combination's knob cost alone is no better than the best plan found,
-//! since a smaller micro-batch only adds to it. The effective batch is kept
-//! exactly: a new micro-batch divides micro × accumulation as written and the
+//! that fits, taking estimated memory not to decrease as the micro-batch grows.
+//! The written micro-batch is tried on its own first: with accumulation 1 it
+//! holds no accumulated gradients, so it can fit where a smaller one does not.
+//! Every plan returned was estimated and fits; where the estimate is not
+//! monotone the search can miss a larger micro-batch, never return one that
+//! does not fit. It stops once a combination's knob cost alone is no better
+//! than the best plan found, since a smaller micro-batch only adds to it. The
+//! effective batch is kept exactly: a new micro-batch divides micro ×
+//! accumulation as written (never above the written micro-batch) and the
 //! accumulation steps make up the rest.
 
 use serde::Serialize;

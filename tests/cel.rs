@@ -1,0 +1,158 @@
+//! The CRD's CEL rules (`x-kubernetes-validations`), evaluated client-side,
+//! agree with the Rust validator the CLI and webhook use: the API server
+//! rejects what `vramguard estimate` rejects for these cross-field rules, even
+//! when the webhook is down.
+
+use kube::core::cel::validate_cel;
+use vramguard::api::{TrainingJob, parse, validate};
+
+fn job(spec_yaml: &str) -> TrainingJob {
+    let text = format!(
+        "apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t, namespace: default}}\nspec:\n{spec_yaml}"
+    );
+    let doc = parse::documents(&text).unwrap().remove(0);
+    parse::training_job(doc).unwrap()
+}
+
+/// (name, spec, valid?)
+const CASES: &[(&str, &str, bool)] = &[
+    ("preset", "  model: {preset: gpt2}\n", true),
+    ("no model", "  model: {}\n", false),
+    (
+        "two models",
+        "  model: {preset: gpt2, custom: {parameters: 1.0e9, activationBytesPerSample: 1.0e6}}\n",
+        false,
+    ),
+    (
+        "kv heads divide",
+        "  model: {transformer: {layers: 2, hiddenSize: 64, attentionHeads: 8, kvHeads: 2, vocabSize: 100}}\n",
+        true,
+    ),
+    (
+        "kv heads do not divide",
+        "  model: {transformer: {layers: 2, hiddenSize: 64, attentionHeads: 8, kvHeads: 3, vocabSize: 100}}\n",
+        false,
+    ),
+    (
+        "heads do not divide hidden",
+        "  model: {transformer: {layers: 2, hiddenSize: 65, attentionHeads: 8, vocabSize: 100}}\n",
+        false,
+    ),
+    (
+        "headDim set",
+        "  model: {transformer: {layers: 2, hiddenSize: 65, attentionHeads: 8, headDim: 8, vocabSize: 100}}\n",
+        true,
+    ),
+    (
+        "experts without per-token",
+        "  model: {transformer: {layers: 2, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, experts: 8}}\n",
+        false,
+    ),
+    (
+        "experts with per-token",
+        "  model: {transformer: {layers: 2, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, experts: 8, expertsPerToken: 2}}\n",
+        true,
+    ),
+    (
+        "gpus not a multiple",
+        "  model: {preset: gpt2}\n  parallelism: {gpus: 6, tensorParallel: 4}\n",
+        false,
+    ),
+    (
+        "gpus a multiple",
+        "  model: {preset: gpt2}\n  parallelism: {gpus: 8, tensorParallel: 4}\n",
+        true,
+    ),
+    (
+        "sequence parallel without tp",
+        "  model: {preset: gpt2}\n  parallelism: {sequenceParallel: true}\n",
+        false,
+    ),
+    (
+        "virtual stages without interleaving",
+        "  model: {preset: gpt2}\n  parallelism: {gpus: 2, pipelineParallel: 2, virtualStages: 2}\n",
+        false,
+    ),
+    (
+        "optimizer offload without zero",
+        "  model: {preset: gpt2}\n  parallelism: {offload: optimizer}\n",
+        false,
+    ),
+    (
+        "global batch not a multiple",
+        "  model: {preset: gpt2}\n  training: {microBatchSize: 3, globalBatchSize: 10}\n",
+        false,
+    ),
+    (
+        "qlora with none",
+        "  model: {preset: gpt2}\n  training: {mode: qlora, quantization: none}\n",
+        false,
+    ),
+    (
+        "full with nf4",
+        "  model: {preset: gpt2}\n  training: {mode: full, quantization: nf4}\n",
+        false,
+    ),
+    (
+        "lora block in full mode",
+        "  model: {preset: gpt2}\n  training: {mode: full, lora: {rank: 8}}\n",
+        false,
+    ),
+    (
+        "lora rank 0",
+        "  model: {preset: gpt2}\n  training: {mode: lora, lora: {rank: 0}}\n",
+        false,
+    ),
+    (
+        "safety margin 1.5",
+        "  model: {preset: gpt2}\n  fitPolicy: {safetyMargin: 1.5}\n",
+        false,
+    ),
+];
+
+#[test]
+fn cel_rules_agree_with_the_rust_validator() {
+    let mut disagreements = Vec::new();
+    for (name, spec, valid) in CASES {
+        let tj = job(spec);
+        let rust = validate(&tj.spec).is_ok();
+        let cel = validate_cel(&tj);
+        // Rules that only CEL-free schema keywords (minimum) catch are checked
+        // by the API server's OpenAPI validation, not CEL: count those as CEL-valid.
+        let cel_ok = cel.is_ok();
+        if rust != *valid {
+            disagreements.push(format!(
+                "{name}: Rust validator says {rust}, expected {valid}"
+            ));
+        }
+        let schema_only = *name == "lora rank 0";
+        if !schema_only && cel_ok != *valid {
+            disagreements.push(format!(
+                "{name}: CEL says {cel_ok} ({cel:?}), expected {valid}"
+            ));
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+}
+
+#[test]
+fn every_example_passes_the_cel_rules() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let is_job = path.extension().is_some_and(|e| e == "yaml")
+            && std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("kind: TrainingJob");
+        if !is_job {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in parse::documents(&text).unwrap() {
+            let tj = parse::training_job(doc).unwrap();
+            if let Err(e) = validate_cel(&tj) {
+                panic!("{}: {e:?}", path.display());
+            }
+        }
+    }
+}
