@@ -54,6 +54,43 @@ spec:
     virtualStages: 2
 ";
 
+const HF_CONFIG_QWEN: &str = r#"
+apiVersion: vramguard.io/v1alpha1
+kind: TrainingJob
+metadata:
+  name: qwen-hf
+spec:
+  model:
+    hfConfig: {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584,
+      "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+      "vocab_size": 152064, "tie_word_embeddings": false}
+  training:
+    mode: full
+    microBatchSize: 2
+    sequenceLength: 4096
+    precision: bf16
+    gradientCheckpointing: full
+  parallelism:
+    gpus: 8
+    strategy: fsdp
+    zeroStage: 3
+"#;
+
+const RESNET_50: &str = "\
+apiVersion: vramguard.io/v1alpha1
+kind: TrainingJob
+metadata:
+  name: resnet-50
+spec:
+  model:
+    preset: resnet-50
+  training:
+    mode: full
+    microBatchSize: 256
+    precision: bf16-mixed
+    optimizer: sgd-momentum
+";
+
 fn spec(text: &str) -> TrainingJobSpec {
     let doc = documents(text)
         .expect("the bench spec is YAML")
@@ -82,6 +119,26 @@ fn bench(c: &mut Criterion) {
         let spec = spec(text);
         group.bench_function(name, |b| {
             b.iter(|| validate_and_estimate(black_box(&spec), black_box(h100)))
+        });
+    }
+    group.finish();
+
+    // The estimate alone on a validated job (what the planner repeats per candidate).
+    let mut group = c.benchmark_group("estimate");
+    group.throughput(Throughput::Elements(1));
+    for (name, text) in [
+        ("hfConfig qwen2 7B fsdp 8 GPUs", HF_CONFIG_QWEN),
+        ("resnet-50 layers", RESNET_50),
+        ("llama-3.1-405b 512 GPUs tp8 pp8 dp8", LLAMA_405B_3D),
+    ] {
+        let job = validate(&spec(text)).expect("the bench spec validates");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                estimate::estimate(black_box(&job), black_box(h100))
+                    .expect("estimated")
+                    .status
+                    .per_gpu_bytes
+            })
         });
     }
     group.finish();
