@@ -419,13 +419,12 @@ proptest! {
             training: TrainingSpec { micro_batch_size: mb, sequence_length: seq, ..training },
             ..TrainingJobSpec::default()
         };
-        if let Ok(job) = validate(&spec) {
-            if let Ok(est) = estimate::estimate(&job, gpu) {
+        if let Ok(job) = validate(&spec)
+            && let Ok(est) = estimate::estimate(&job, gpu) {
                 let s = &est.status;
                 prop_assert!(s.peak_allocated_bytes <= s.peak_reserved_bytes);
                 prop_assert!(s.peak_reserved_bytes <= s.per_gpu_bytes);
             }
-        }
     }
 }
 

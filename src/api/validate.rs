@@ -346,7 +346,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
             1
         }
         Some(0) => 1,
-        Some(mp) if p.gpus % mp != 0 => {
+        Some(mp) if !p.gpus.is_multiple_of(mp) => {
             errs.push(
                 "spec.parallelism.gpus",
                 format!(
@@ -362,7 +362,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
     if let Some(g) = p.gpus_per_node {
         errs.at_least("spec.parallelism.gpusPerNode", g, 1);
         errs.at_most("spec.parallelism.gpusPerNode", g, 64);
-        if g > 0 && p.gpus > g && p.gpus % g != 0 {
+        if g > 0 && p.gpus > g && !p.gpus.is_multiple_of(g) {
             errs.push(
                 "spec.parallelism.gpusPerNode",
                 format!(
@@ -416,7 +416,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
                 ),
             );
         }
-        if p.context_parallel > 1 && t.sequence_length % p.context_parallel != 0 {
+        if p.context_parallel > 1 && !t.sequence_length.is_multiple_of(p.context_parallel) {
             errs.push(
                 "spec.parallelism.contextParallel",
                 format!(
@@ -669,7 +669,7 @@ fn transformer_arch(errs: &mut Errors, t: &TransformerSpec) -> Option<Arch> {
     let heads = t.attention_heads;
     let kv_heads = t.kv_heads.unwrap_or(heads);
     errs.at_least(&format!("{path}.kvHeads"), kv_heads, 1);
-    if kv_heads > 0 && heads % kv_heads != 0 {
+    if kv_heads > 0 && !heads.is_multiple_of(kv_heads) {
         errs.push(
             &format!("{path}.kvHeads"),
             format!("{kv_heads} does not divide attentionHeads {heads}"),
@@ -682,7 +682,7 @@ fn transformer_arch(errs: &mut Errors, t: &TransformerSpec) -> Option<Arch> {
             d
         }
         None => {
-            if heads > 0 && t.hidden_size % heads != 0 {
+            if heads > 0 && !t.hidden_size.is_multiple_of(heads) {
                 errs.push(
                     &format!("{path}.attentionHeads"),
                     format!(

@@ -142,10 +142,8 @@ impl VisionPreset {
         }
         let shape = input_shape.unwrap_or(self.input_shape);
         let published = shape == self.input_shape && classes == self.num_classes;
-        if published {
-            if let Some(s) = STACKS[i].get() {
-                return Ok(s.clone());
-            }
+        if published && let Some(s) = STACKS[i].get() {
+            return Ok(s.clone());
         }
         let built;
         let list: &[Value] = if classes == self.num_classes {

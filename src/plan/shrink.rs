@@ -255,7 +255,7 @@ fn micro_candidates(job: &ValidatedJob, allow: Allowance) -> Vec<u64> {
         let mut big = Vec::new();
         let mut k = 1u64;
         while k.saturating_mul(k) <= micro {
-            if micro % k == 0 {
+            if micro.is_multiple_of(k) {
                 for d in [k, micro / k] {
                     if d > DIVISOR_SCAN_LIMIT && d >= min {
                         big.push(d);
