@@ -1,8 +1,11 @@
 //! The node agent across its parts: the real NVML backend against a stub
 //! libnvidia-ml built here from `tests/support/nvml_stub.c`, the simulated
 //! backend's fragmentation, missing and stale data and MIG, the published data
-//! through placement, the publishing loop against an in-process API server,
-//! and `vramguard agent --once` through the real binary.
+//! through placement, the publishing loop against an in-process API server
+//! (a minimal fake, and the in-memory one in `tests/support` over HTTP), and
+//! `vramguard agent --once` through the real binary.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,10 +17,13 @@ use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::http::{HeaderMap, Method};
 use axum::routing::{get, patch};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
+use support::apiserver::ApiServer;
 use vramguard::agent::Agent;
 use vramguard::agent::check::{CheckRequest, check};
 use vramguard::agent::gpu::{Gpu, GpuError, MigMode, SearchLimits};
@@ -761,6 +767,217 @@ async fn publishing_loop_applies_spec_and_status_every_interval() {
     let status = stored.status.expect("status");
     assert_eq!(status.gpus.len(), 4);
     assert!(status.gpus[2].largest_free_block_bytes.unwrap() <= GIB);
+}
+
+// ---------------------------------------------------------------------------
+// Publishing against the in-memory API server, over HTTP
+// ---------------------------------------------------------------------------
+
+/// Run the agent's real publish loop until `done` holds (polled every 10 ms),
+/// then stop it; fails after 20 s.
+async fn publish_until(
+    agent: &Agent,
+    client: kube::Client,
+    config: PublishConfig,
+    done: impl Fn() -> bool,
+) {
+    let wait = async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        () = publish::run(agent, client, config) => panic!("the loop ended"),
+        r = tokio::time::timeout(Duration::from_secs(20), wait) => r.expect("published in time"),
+    }
+}
+
+/// Wait until no request has reached the server for one poll: a write the
+/// stopped loop had already sent lands before anything is compared.
+async fn settle(server: &ApiServer) {
+    let quiet = async {
+        loop {
+            let n = server.requests().len();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if server.requests().len() == n {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), quiet)
+        .await
+        .expect("the server went quiet");
+}
+
+fn resource_version(g: &GpuNode) -> u64 {
+    g.metadata
+        .resource_version
+        .as_deref()
+        .expect("resourceVersion")
+        .parse()
+        .expect("numeric resourceVersion")
+}
+
+fn probe_time(g: &GpuNode) -> Timestamp {
+    g.status
+        .as_ref()
+        .and_then(|s| s.probe_time.as_ref())
+        .expect("probeTime")
+        .0
+}
+
+#[tokio::test]
+async fn publishing_loop_over_http_creates_and_updates_its_own_gpu_node() {
+    const GPU_NODES: &str = "/apis/vramguard.io/v1alpha1/gpunodes";
+    let server = ApiServer::start().await;
+    server.put(&Node {
+        metadata: ObjectMeta {
+            name: Some("gpu-node-a".into()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: "nvidia.com/gpu".into(),
+                value: Some("present".into()),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let example = std::fs::read_to_string(repo("examples/gpus.yaml")).unwrap();
+    let options = ProbeOptions {
+        probe_busy_gpus: true,
+        ..ProbeOptions::default()
+    };
+    let config = |node: &str| PublishConfig {
+        node_name: node.into(),
+        interval: Duration::from_millis(50),
+        ttl_seconds: 90,
+        copy_taints: true,
+    };
+    let get = |node: &str| server.get::<GpuNode>(None, node);
+
+    // Agent A: the first interval creates its GpuNode and writes its status
+    // (kept as `first`); a later interval of the same loop applies spec and
+    // status again (two more writes, and only A writes).
+    let agent_a = Agent::new(Arc::new(sim(&example)), options, None);
+    let first: Mutex<Option<GpuNode>> = Mutex::new(None);
+    publish_until(&agent_a, server.client(), config("gpu-node-a"), || {
+        let Some(now) = get("gpu-node-a").filter(|g| g.status.is_some()) else {
+            return false;
+        };
+        let mut first = first.lock().unwrap();
+        let first = first.get_or_insert_with(|| now.clone());
+        resource_version(&now) >= resource_version(first) + 2
+    })
+    .await;
+    settle(&server).await;
+    let first = first.into_inner().unwrap().expect("a status was published");
+    let requests = server.requests();
+    let writes: Vec<_> = requests
+        .iter()
+        .filter(|r| r.path.starts_with(GPU_NODES) && r.method != Method::GET)
+        .collect();
+    assert!(writes.len() >= 2, "{writes:?}");
+    // Created by server-side apply: every write (no POST, no PUT) is a forced
+    // apply as `vramguard-agent`, the first of the spec, then of the status.
+    let a_spec = format!("{GPU_NODES}/gpu-node-a");
+    let a_status = format!("{GPU_NODES}/gpu-node-a/status");
+    assert_eq!(writes[0].path, a_spec);
+    assert_eq!(writes[1].path, a_status);
+    for w in &writes {
+        assert!(w.path == a_spec || w.path == a_status, "{w:?}");
+        assert_eq!(w.method, Method::PATCH, "{w:?}");
+        assert_eq!(w.content_type, "application/apply-patch+yaml", "{w:?}");
+        let query: Vec<&str> = w.query.split('&').collect();
+        assert!(query.contains(&"fieldManager=vramguard-agent"), "{w:?}");
+        assert!(query.contains(&"force=true"), "{w:?}");
+    }
+    assert_eq!(FIELD_MANAGER, "vramguard-agent");
+    // What the server stored: the spec with the Node's taints, and the probe.
+    assert_eq!(first.metadata.name.as_deref(), Some("gpu-node-a"));
+    assert_eq!(first.metadata.generation, Some(1));
+    assert_eq!(first.spec.node_name, "gpu-node-a");
+    assert_eq!(first.spec.ttl_seconds, 90);
+    assert_eq!(first.spec.taints.len(), 1);
+    assert_eq!(first.spec.taints[0].key, "nvidia.com/gpu");
+    assert_eq!(first.spec.taints[0].effect, "NoSchedule");
+    let status = first.status.clone().unwrap();
+    let expected = probe_sim(sim(&example));
+    assert_eq!(status.gpu_count, 4);
+    assert_eq!(status.gpus, expected.gpus, "the probed GPUs, as probed");
+    assert!(status.gpus[2].largest_free_block_bytes.unwrap() <= GIB);
+    assert_eq!(status.product.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+    assert_eq!(
+        status.agent_version.as_deref(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    let (rv1, t1) = (resource_version(&first), probe_time(&first));
+
+    // The later interval updated it.
+    let second = get("gpu-node-a").unwrap();
+    assert!(resource_version(&second) > rv1);
+    assert!(probe_time(&second) >= t1, "probeTime went back");
+    assert_eq!(
+        second.metadata.uid, first.metadata.uid,
+        "updated, not recreated"
+    );
+    assert_eq!(second.status.as_ref().unwrap().gpus, expected.gpus);
+    let status_writes = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == Method::PATCH && r.path == a_status)
+        .count();
+    assert!(status_writes >= 2, "{status_writes} status writes");
+
+    // Agent B, for another node (no Node object: no taints), leaves A's alone.
+    let seen = server.requests().len();
+    let agent_b = Agent::new(
+        Arc::new(sim("gpus: [{product: h100-80gb, count: 2}]")),
+        options,
+        None,
+    );
+    let b_writes = || {
+        server.requests()[seen..]
+            .iter()
+            .filter(|r| r.path == format!("{GPU_NODES}/gpu-node-b/status"))
+            .count()
+    };
+    publish_until(&agent_b, server.client(), config("gpu-node-b"), || {
+        b_writes() >= 2 && get("gpu-node-b").is_some_and(|g| g.status.is_some())
+    })
+    .await;
+    settle(&server).await;
+    let by_b = &server.requests()[seen..];
+    assert!(
+        by_b.iter()
+            .filter(|r| r.path.starts_with(GPU_NODES))
+            .all(|r| r.path.starts_with(&format!("{GPU_NODES}/gpu-node-b"))),
+        "{by_b:?}"
+    );
+    assert!(
+        by_b.iter().all(|r| !r.path.contains("gpu-node-a")),
+        "{by_b:?}"
+    );
+    assert_eq!(
+        serde_json::to_value(get("gpu-node-a").unwrap()).unwrap(),
+        serde_json::to_value(&second).unwrap(),
+        "A's object is untouched"
+    );
+    let b = get("gpu-node-b").unwrap();
+    assert_eq!(b.spec.node_name, "gpu-node-b");
+    assert!(b.spec.taints.is_empty());
+    let b_status = b.status.unwrap();
+    assert_eq!(b_status.gpu_count, 2);
+    assert_eq!(b_status.product.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    let names: Vec<String> = server
+        .objects::<GpuNode>()
+        .into_iter()
+        .filter_map(|g| g.metadata.name)
+        .collect();
+    assert_eq!(names, ["gpu-node-a", "gpu-node-b"]);
 }
 
 // ---------------------------------------------------------------------------
