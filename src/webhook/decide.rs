@@ -75,11 +75,29 @@ fn read_job(obj: &DynamicObject) -> Result<(api::TrainingJob, ValidatedJob), Str
 
 /// The object as JSON, built from its parts (cheaper than serialising it whole).
 fn object_value(obj: &DynamicObject) -> Result<serde_json::Value, String> {
-    let mut map = match &obj.data {
-        serde_json::Value::Object(m) => m.clone(),
-        serde_json::Value::Null => serde_json::Map::new(),
+    // The pod template does not change the estimate and is kept as written
+    // (a free-form object): leave it out rather than copy and re-read it.
+    let mut map = serde_json::Map::new();
+    match &obj.data {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                if k == "spec"
+                    && let serde_json::Value::Object(spec) = v
+                {
+                    let spec: serde_json::Map<_, _> = spec
+                        .iter()
+                        .filter(|(key, _)| key.as_str() != "template")
+                        .map(|(key, value)| (key.clone(), value.clone()))
+                        .collect();
+                    map.insert(k.clone(), serde_json::Value::Object(spec));
+                } else {
+                    map.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        serde_json::Value::Null => {}
         other => return Err(format!("the object is {other}, not a JSON object")),
-    };
+    }
     if let Some(types) = &obj.types {
         map.insert("apiVersion".into(), types.api_version.clone().into());
         map.insert("kind".into(), types.kind.clone().into());
