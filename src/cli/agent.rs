@@ -145,28 +145,6 @@ fn render(status: &GpuNodeStatus, output: OutputFormat) -> anyhow::Result<String
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down");
-}
-
 /// Run the agent.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let AgentArgs {
@@ -251,7 +229,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let server = server::serve(
         listen,
         server::router(Arc::clone(&agent)),
-        shutdown_signal(),
+        super::shutdown_signal("shutting down"),
         None,
     );
     let publisher = publish::run(&agent, client, config);

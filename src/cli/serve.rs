@@ -69,28 +69,6 @@ pub fn read_cluster(path: &PathBuf) -> anyhow::Result<Vec<crate::api::GpuNode>> 
     Ok(nodes)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down: finishing in-flight reviews");
-}
-
 /// Run the webhook until SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
@@ -162,7 +140,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen,
         router,
         rustls,
-        shutdown_signal(),
+        super::shutdown_signal("shutting down: finishing in-flight reviews"),
         Duration::from_secs(drain_secs),
         None,
     );

@@ -739,6 +739,36 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     }
 }
 
+/// Gradients and optimizer states of `trainable` parameters under the job's
+/// ZeRO stage and offload: (grads, optimizer, paged optimizer, optimizer temporaries).
+fn sharded_states(
+    job: &ValidatedJob,
+    r: &Recipe,
+    trainable: f64,
+    hidden: f64,
+) -> (f64, f64, f64, f64) {
+    let p = &job.spec.parallelism;
+    let dp = job.data_parallel.max(1) as f64;
+    let mut grads = trainable * r.grad;
+    if p.zero_stage >= 2 {
+        grads /= dp;
+    }
+    if matches!(
+        p.offload,
+        Offload::Optimizer | Offload::OptimizerAndParameters
+    ) {
+        return (grads, 0.0, 0.0, 0.0);
+    }
+    let (oa, op, ot) = optimizer_bytes(job, r, hidden);
+    let div = if p.zero_stage >= 1 { dp } else { 1.0 };
+    (
+        grads,
+        trainable * oa / div,
+        trainable * op / div,
+        trainable * ot / div,
+    )
+}
+
 fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Stage {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
@@ -768,26 +798,18 @@ fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Sta
         weights /= dp;
         weight_transient = 0.0;
     }
-    let mut grads = trainable * r.grad;
-    if zero >= 2 {
-        grads /= dp;
-    }
-    let (oa, op, ot) = optimizer_bytes(job, &r, 4096.0);
-    let div = if zero >= 1 { dp } else { 1.0 };
+    let (grads, optimizer, optimizer_paged, optimizer_temp) =
+        sharded_states(job, &r, trainable, 4096.0);
     let activations = act_per_sample * b;
-    let offload = matches!(
-        p.offload,
-        Offload::Optimizer | Offload::OptimizerAndParameters
-    );
     Stage {
         weights,
         weight_transient,
         frozen_unsharded: 0.0,
         grads,
         grads_live_in_backward: 0.0,
-        optimizer: if offload { 0.0 } else { trainable * oa / div },
-        optimizer_paged: if offload { 0.0 } else { trainable * op / div },
-        optimizer_temp: if offload { 0.0 } else { trainable * ot / div },
+        optimizer,
+        optimizer_paged,
+        optimizer_temp,
         activations: if inference { 0.0 } else { activations },
         layer_activations: activations * 0.1,
         logits_forward: 0.0,
@@ -842,16 +864,8 @@ fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
         weights /= dp;
         weight_transient = 0.0;
     }
-    let mut grads = trainable * r.grad;
-    if zero >= 2 {
-        grads /= dp;
-    }
-    let (oa, op, ot) = optimizer_bytes(job, &r, 1024.0);
-    let div = if zero >= 1 { dp } else { 1.0 };
-    let offload = matches!(
-        p.offload,
-        Offload::Optimizer | Offload::OptimizerAndParameters
-    );
+    let (grads, optimizer, optimizer_paged, optimizer_temp) =
+        sharded_states(job, &r, trainable, 1024.0);
     let fused = t.attention != Attention::Eager;
     let full = stack.saved_bytes_per_sample_with(elem, mixed, fused) * b
         + stack.saved_fp32_elems_per_batch as f64 * 4.0;
@@ -870,9 +884,9 @@ fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
         frozen_unsharded: 0.0,
         grads,
         grads_live_in_backward: 0.0,
-        optimizer: if offload { 0.0 } else { trainable * oa / div },
-        optimizer_paged: if offload { 0.0 } else { trainable * op / div },
-        optimizer_temp: if offload { 0.0 } else { trainable * ot / div },
+        optimizer,
+        optimizer_paged,
+        optimizer_temp,
         activations: if inference { 0.0 } else { activations },
         layer_activations: largest_layer,
         // Classifier output, its fp32 log-softmax and gradient.
