@@ -40,7 +40,7 @@ fn crds_directory_matches_generated_crds() {
 /// Both CRDs, as JSON values, and each also read as the typed Kubernetes object.
 fn crds() -> Vec<Value> {
     let docs: Vec<Value> = serde_saphyr::from_multiple(&crds_yaml()).expect("the CRD YAML parses");
-    assert_eq!(docs.len(), 2, "TrainingJob and GpuNode");
+    assert_eq!(docs.len(), 3, "TrainingJob, GpuNode and MemoryProfile");
     for doc in &docs {
         let crd: CustomResourceDefinition = serde_json::from_value(doc.clone())
             .unwrap_or_else(|e| panic!("not a CustomResourceDefinition: {e}"));

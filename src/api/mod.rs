@@ -2,11 +2,13 @@
 //! validation into the types the estimator consumes. No I/O.
 
 pub mod gpu_node;
+pub mod memory_profile;
 pub mod parse;
 mod schema;
 pub mod training_job;
 pub mod validate;
 
 pub use gpu_node::*;
+pub use memory_profile::*;
 pub use training_job::*;
 pub use validate::{FieldError, ResolvedModel, ValidatedJob, ValidationErrors, validate};

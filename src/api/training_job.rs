@@ -609,10 +609,71 @@ pub struct TrainingJobStatus {
     pub placement: Option<Placement>,
     #[serde(default)]
     pub oom_retries: u32,
+    /// The batch/v1 Job running the current attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// Why the job waits, failed or was rejected, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The last out-of-memory death, with the numbers its message gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_oom: Option<OomRecord>,
+    /// What earlier attempts taught about this job's real memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<Learned>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// One out-of-memory death as recorded in status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OomRecord {
+    /// `GpuOutOfMemory` or `HostOutOfMemory`.
+    pub kind: String,
+    /// Attempt (0-based) that died.
+    pub attempt: u32,
+    /// Pod and container that reported it.
+    pub pod: String,
+    pub container: String,
+    /// PyTorch, TensorFlow, JAX, NCCL, cuBLAS, cuDNN or CUDA (GPU OOMs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tried_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    /// What the attempt's plan was estimated to need per GPU.
+    #[serde(default)]
+    pub estimated_bytes: u64,
+    /// What the message proves the attempt needed per GPU, at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_bytes: Option<u64>,
+    pub message: String,
+}
+
+/// Corrections learnt from earlier attempts of this job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Learned {
+    /// Estimates of this job are multiplied by this (≥ 1).
+    pub scale: f64,
+    /// The next attempt runs PyTorch with `expandable_segments:True`.
+    #[serde(default)]
+    pub expandable_segments: bool,
+    /// The MemoryProfile that holds the evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// Pending | Admitted | Running | Succeeded | Failed | Rejected.
@@ -673,6 +734,11 @@ pub struct PlanStatus {
     pub gradient_checkpointing: Checkpointing,
     pub optimizer: Optimizer,
     pub zero_stage: u8,
+    #[serde(default)]
+    pub loss: Loss,
+    /// PyTorch's allocator runs with `expandable_segments:True`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expandable_segments: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
 }
@@ -685,4 +751,31 @@ pub struct Placement {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
     pub gpus: Vec<u32>,
+    /// Every node's GPUs (and MIG slices), as reserved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<PlacedNode>,
+    /// Memory held for the job on each of those GPUs until it ends.
+    #[serde(default)]
+    pub reserved_bytes_per_gpu: u64,
+}
+
+/// The GPUs of one node a job was placed on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacedNode {
+    pub node: String,
+    pub gpus: Vec<PlacedGpu>,
+}
+
+/// One GPU, or one MIG slice of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacedGpu {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_index: Option<u32>,
+    /// MIG profile (`1g.10gb`): the pod asks for `nvidia.com/mig-<profile>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    pub product: String,
 }

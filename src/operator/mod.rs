@@ -1,7 +1,32 @@
 //! The operator: runs admitted TrainingJobs where they fit, recognises GPU
 //! out-of-memory deaths, learns from them and retries smaller.
 //!
-//! `oom` is pure: a failed container's reason, exit code and message in, a
-//! typed classification out.
+//! Pure parts: `oom` (a failed container's reason, exit code and message in,
+//! a typed classification out), `admit` (where and how a job runs now),
+//! `render` (the Job and Service of one attempt), `learn` (what an OOM
+//! proves), `fingerprint`, `conditions`, `ledger`. At the edge: `controller`
+//! (the kube-runtime controller), `leader` (Lease election) and `profiles`
+//! (MemoryProfile objects).
 
+pub mod admit;
+pub mod conditions;
+pub mod controller;
+pub mod fingerprint;
+pub mod leader;
+pub mod learn;
+pub mod ledger;
 pub mod oom;
+pub mod profiles;
+pub mod render;
+
+pub use controller::{Config, FINALIZER, run, run_controller};
+pub use leader::LeaseConfig;
+
+/// The name serde gives an enum value (`bf16-mixed`), for env vars and words.
+pub(crate) fn enum_name<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}

@@ -28,7 +28,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 use super::{GpuView, Verdict, fit, with_margin};
-use crate::api::{GpuNode, GpuStatus, Placement, ValidatedJob};
+use crate::api::{GpuNode, GpuStatus, PlacedGpu, PlacedNode, Placement, ValidatedJob};
 pub use products::architecture_of;
 use products::{UNKNOWN_ARCHITECTURE, arch_slot, representative};
 use why::Tally;
@@ -45,6 +45,22 @@ pub struct Reservation {
     /// The MIG device on that GPU, if the reservation is on a slice.
     pub mig_index: Option<u32>,
     pub bytes: u64,
+}
+
+/// The reservations a placement recorded in `status.placement` stands for:
+/// `reservedBytesPerGpu` on each of its devices.
+pub fn reservations_of(p: &Placement) -> Vec<Reservation> {
+    p.devices
+        .iter()
+        .flat_map(|n| {
+            n.gpus.iter().map(|g| Reservation {
+                node: n.node.clone(),
+                gpu_index: g.index,
+                mig_index: g.mig_index,
+                bytes: p.reserved_bytes_per_gpu,
+            })
+        })
+        .collect()
 }
 
 /// What one rank needs on a GPU of some architecture.
@@ -112,7 +128,36 @@ impl Assignment {
             gpus: first
                 .map(|n| n.gpus.iter().map(|g| g.index).collect())
                 .unwrap_or_default(),
+            devices: self
+                .nodes
+                .iter()
+                .map(|n| PlacedNode {
+                    node: n.node.clone(),
+                    gpus: n
+                        .gpus
+                        .iter()
+                        .map(|g| PlacedGpu {
+                            index: g.index,
+                            mig_index: g.mig_index,
+                            mig_profile: g.mig_profile.clone(),
+                            product: g.product.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            reserved_bytes_per_gpu: self
+                .nodes
+                .iter()
+                .flat_map(|n| n.gpus.iter())
+                .map(|g| g.verdict.need_bytes)
+                .max()
+                .unwrap_or(0),
         }
+    }
+
+    /// What this placement holds on each GPU until the job ends.
+    pub fn reservations(&self) -> Vec<Reservation> {
+        reservations_of(&self.to_status())
     }
 }
 
@@ -145,6 +190,33 @@ pub fn place(
     tolerations: &[String],
     now: Timestamp,
 ) -> Result<PlaceOutcome, EstimateError> {
+    place_scaled(job, nodes, reservations, tolerations, now, 1.0)
+}
+
+/// `bytes × scale`, rounded up, saturating; a scale below 1 (or not a
+/// number) counts as 1: learnt corrections only ever raise an estimate.
+pub fn scale_bytes(bytes: u64, scale: f64) -> u64 {
+    if scale.is_nan() || scale <= 1.0 {
+        return bytes;
+    }
+    let scaled = (bytes as f64 * scale).ceil();
+    if scaled >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        (scaled as u64).max(bytes)
+    }
+}
+
+/// [`place`] with every per-GPU estimate multiplied by `scale` (what earlier
+/// out-of-memory deaths of jobs of this shape proved was missing).
+pub fn place_scaled(
+    job: &ValidatedJob,
+    nodes: &[GpuNode],
+    reservations: &[Reservation],
+    tolerations: &[String],
+    now: Timestamp,
+    scale: f64,
+) -> Result<PlaceOutcome, EstimateError> {
     let request = Request {
         gpus: job.spec.parallelism.gpus,
         gpus_per_node: job.gpus_per_node,
@@ -159,7 +231,7 @@ pub fn place(
         reservations,
         &mut |arch| match estimate::estimate(job, representative(arch)) {
             Ok(e) => Some(Need {
-                per_gpu_bytes: e.status.per_gpu_bytes,
+                per_gpu_bytes: scale_bytes(e.status.per_gpu_bytes, scale),
                 largest_tensor_bytes: e.status.largest_tensor_bytes,
             }),
             Err(e) => {

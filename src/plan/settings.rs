@@ -62,6 +62,21 @@ impl Settings {
     }
 
     /// Fields whose value differs from `other`.
+    /// `status.plan` for these settings, with the changes that led to them.
+    pub fn to_status(&self, changes: Vec<String>) -> PlanStatus {
+        PlanStatus {
+            micro_batch_size: self.micro_batch_size,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            precision: self.precision,
+            gradient_checkpointing: self.gradient_checkpointing,
+            optimizer: self.optimizer,
+            zero_stage: self.zero_stage,
+            loss: self.loss,
+            expandable_segments: false,
+            changes,
+        }
+    }
+
     pub fn changed_fields(&self, other: &Settings) -> Vec<AdjustableField> {
         ALL_FIELDS
             .iter()
@@ -168,16 +183,7 @@ impl Plan {
 
     /// `status.plan`.
     pub fn to_status(&self) -> PlanStatus {
-        let s = &self.settings;
-        PlanStatus {
-            micro_batch_size: s.micro_batch_size,
-            gradient_accumulation_steps: s.gradient_accumulation_steps,
-            precision: s.precision,
-            gradient_checkpointing: s.gradient_checkpointing,
-            optimizer: s.optimizer,
-            zero_stage: s.zero_stage,
-            changes: self.changes.clone(),
-        }
+        self.settings.to_status(self.changes.clone())
     }
 
     /// One line for people: what changes, that the batch is kept, the room left, the cost.
