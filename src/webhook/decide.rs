@@ -7,8 +7,8 @@ use kube::core::Status;
 use kube::core::admission::Operation;
 
 use super::metrics::{Reason, Verdict};
-use super::review::{Object, Request};
-use crate::api::{self, ValidatedJob, parse};
+use super::review::{ReadJob, Request};
+use crate::api::{self, ValidatedJob};
 use crate::estimate::{GIB, gpus};
 use crate::inventory::{ProductCount, Snapshot};
 use crate::plan::{self, GpuView, PlaceOutcome, Shrink};
@@ -80,8 +80,8 @@ fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / GIB)
 }
 
-fn read_job(obj: Object) -> Result<(api::TrainingJob, ValidatedJob), String> {
-    let tj = parse::training_job(obj.into_value()).map_err(|e| e.to_string())?;
+fn read_job(obj: impl ReadJob) -> Result<(api::TrainingJob, ValidatedJob), String> {
+    let tj = obj.read_job().map_err(|e| e.to_string())?;
     let job = api::validate(&tj.spec).map_err(|e| e.to_string())?;
     Ok((tj, job))
 }
@@ -93,7 +93,7 @@ struct ProductAnswer<'a> {
 }
 
 /// Judge one review against `snapshot` at `now`.
-pub fn review(req: Request<'_>, snapshot: &Snapshot, now: Timestamp) -> Decision {
+pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timestamp) -> Decision {
     let is_training_job = req.kind.group == "vramguard.io" && req.kind.kind == "TrainingJob";
     if !is_training_job || !matches!(req.operation, Operation::Create | Operation::Update) {
         return allow(Reason::NotJudged, Vec::new());
@@ -117,7 +117,7 @@ pub fn review(req: Request<'_>, snapshot: &Snapshot, now: Timestamp) -> Decision
     };
     if req.operation == Operation::Update
         && let Some(old) = req.old_object
-        && let Ok(old_tj) = parse::training_job(old.into_value())
+        && let Ok(old_tj) = old.read_job()
     {
         let mut changed = Vec::new();
         if old_tj.spec.model != tj.spec.model {

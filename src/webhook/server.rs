@@ -20,7 +20,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use super::decide;
 use super::metrics::{Metrics, Reason, ReviewLabels, Verdict};
-use super::review::{self, Answer, Review};
+use super::review::{self, Answer, Job, Object, ReadJob, Review};
 use crate::inventory::Source;
 
 /// Largest AdmissionReview body accepted (the API server caps objects at 1.5 MiB; reviews
@@ -110,26 +110,35 @@ fn invalid(message: String) -> Response {
 
 async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let count = |verdict, reason| {
-        state
-            .metrics
-            .reviews
-            .get_or_create(&ReviewLabels { verdict, reason })
-            .inc();
-        state
-            .metrics
-            .latency
-            .observe(started.elapsed().as_secs_f64());
-    };
-    let review: Review<'_> = match serde_json::from_slice(&body) {
-        Ok(r) => r,
+    // A valid TrainingJob is read once, straight into its type; anything else
+    // is read again the general way, whose errors name the field.
+    if let Ok(review) = serde_json::from_slice::<Review<'_, Job>>(&body) {
+        return answer(&state, review, started);
+    }
+    match serde_json::from_slice::<Review<'_, Object>>(&body) {
+        Ok(review) => answer(&state, review, started),
         Err(e) => {
-            count(Verdict::Invalid, Reason::Malformed);
-            return invalid(format!("not an AdmissionReview: {e}"));
+            count(&state, started, Verdict::Invalid, Reason::Malformed);
+            invalid(format!("not an AdmissionReview: {e}"))
         }
-    };
+    }
+}
+
+fn count(state: &AppState, started: Instant, verdict: Verdict, reason: Reason) {
+    state
+        .metrics
+        .reviews
+        .get_or_create(&ReviewLabels { verdict, reason })
+        .inc();
+    state
+        .metrics
+        .latency
+        .observe(started.elapsed().as_secs_f64());
+}
+
+fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant) -> Response {
     let Some(request) = review.request else {
-        count(Verdict::Invalid, Reason::Malformed);
+        count(state, started, Verdict::Invalid, Reason::Malformed);
         return invalid(
             "the AdmissionReview has no request: failed to convert AdmissionReview into AdmissionRequest"
                 .to_string(),
@@ -157,7 +166,7 @@ async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         reason = ?decision.reason,
         "admission review"
     );
-    count(decision.verdict, decision.reason);
+    count(state, started, decision.verdict, decision.reason);
     let answer = Answer {
         api_version: &review.api_version,
         kind: &review.kind,
