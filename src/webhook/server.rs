@@ -233,7 +233,12 @@ pub async fn serve(
             }
         });
     }
-    axum_server::bind_rustls(addr, tls)
+    // TCP_NODELAY: an answer is one small write; without it Nagle's algorithm can
+    // hold it back until the client's delayed ACK (tens of milliseconds).
+    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+        .acceptor(axum_server::accept::NoDelayAcceptor::new());
+    axum_server::bind(addr)
+        .acceptor(acceptor)
         .handle(handle)
         .serve(router.into_make_service())
         .await
