@@ -129,7 +129,6 @@ async fn one(c: &mut Conn) -> Duration {
     c.tls.write_all(&c.request).await.expect("send");
     c.tls.flush().await.expect("flush");
     c.buf.clear();
-    let mut chunk = [0u8; 4096];
     let mut need = None;
     loop {
         if need.is_none()
@@ -145,9 +144,8 @@ async fn one(c: &mut Conn) -> Duration {
             assert_eq!(c.buf.len(), n, "one response per request");
             break;
         }
-        let n = c.tls.read(&mut chunk).await.expect("receive");
+        let n = c.tls.read_buf(&mut c.buf).await.expect("receive");
         assert!(n > 0, "the server closed the connection");
-        c.buf.extend_from_slice(&chunk[..n]);
     }
     t.elapsed()
 }
