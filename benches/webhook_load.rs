@@ -2,6 +2,10 @@
 //! N keep-alive connections posting real AdmissionReviews. Reports throughput
 //! and p50/p99 latency at a fixed 1 000 reviews/s and at saturation.
 //!
+//! Client and server share the machine's cores, so the client is kept cheap:
+//! one task per connection writing prebuilt HTTP/1.1 request bytes and reading
+//! the response by its Content-Length (checked to be 200).
+//!
 //!     cargo bench --bench webhook_load
 //!
 //! Environment: VRAMGUARD_LOAD_SECS (default 5), VRAMGUARD_LOAD_CONNECTIONS (default 16),
@@ -12,8 +16,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use vramguard::inventory::Static;
@@ -56,9 +60,27 @@ async fn start() -> (SocketAddr, String) {
     (rx.await.expect("bound"), pair.ca_pem)
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+/// One keep-alive connection. The client writes the request bytes it built once
+/// and reads the response by its Content-Length: the load runs in the same
+/// process as the server, so every cycle it spends is taken from the server.
+struct Conn {
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    request: Bytes,
+    buf: Vec<u8>,
+}
 
-async fn connect(addr: SocketAddr, ca_pem: &str) -> Sender {
+/// The request as it goes on the wire, head and body.
+fn request_bytes(body: &[u8]) -> Bytes {
+    let mut out = format!(
+        "POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    Bytes::from(out)
+}
+
+async fn connect(addr: SocketAddr, ca_pem: &str, request: Bytes) -> Conn {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = RootCertStore::empty();
@@ -78,23 +100,53 @@ async fn connect(addr: SocketAddr, ca_pem: &str) -> Sender {
         .connect(name, tcp)
         .await
         .expect("TLS handshake");
-    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-        .await
-        .expect("HTTP handshake");
-    tokio::spawn(conn);
-    sender
+    Conn {
+        tls,
+        request,
+        buf: Vec::with_capacity(4096),
+    }
 }
 
-async fn one(sender: &mut Sender, body: &Bytes) -> Duration {
-    let req = hyper::Request::post("/validate")
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(body.clone()))
-        .expect("request");
+/// Status code and Content-Length of a response head (without the blank line).
+fn parse_head(head: &[u8]) -> (u16, usize) {
+    let text = std::str::from_utf8(head).expect("ASCII response head");
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let length = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .expect("content-length");
+    (status, length)
+}
+
+async fn one(c: &mut Conn) -> Duration {
     let t = Instant::now();
-    let resp = sender.send_request(req).await.expect("response");
-    assert_eq!(resp.status(), 200);
-    let _ = resp.into_body().collect().await.expect("body");
+    c.tls.write_all(&c.request).await.expect("send");
+    c.tls.flush().await.expect("flush");
+    c.buf.clear();
+    let mut need = None;
+    loop {
+        if need.is_none()
+            && let Some(end) = c.buf.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            let (status, length) = parse_head(&c.buf[..end]);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&c.buf));
+            need = Some(end + 4 + length);
+        }
+        if let Some(n) = need
+            && c.buf.len() >= n
+        {
+            assert_eq!(c.buf.len(), n, "one response per request");
+            break;
+        }
+        let n = c.tls.read_buf(&mut c.buf).await.expect("receive");
+        assert!(n > 0, "the server closed the connection");
+    }
     t.elapsed()
 }
 
@@ -113,17 +165,16 @@ fn report(label: &str, mut lat: Vec<Duration>, wall: Duration) {
 }
 
 /// Every connection sends as fast as it can.
-async fn saturate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, body: Bytes) {
+async fn saturate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, request: Bytes) {
     let mut tasks = Vec::new();
     let start = Instant::now();
     for _ in 0..conns {
-        let mut s = connect(addr, ca).await;
-        let body = body.clone();
+        let mut c = connect(addr, ca, request.clone()).await;
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let end = Instant::now() + Duration::from_secs(secs);
             while Instant::now() < end {
-                lat.push(one(&mut s, &body).await);
+                lat.push(one(&mut c).await);
             }
             lat
         }));
@@ -140,13 +191,12 @@ async fn saturate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, body: Bytes
 }
 
 /// A fixed total rate spread over the connections (open loop per connection).
-async fn fixed_rate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, rate: u64, body: Bytes) {
+async fn fixed_rate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, rate: u64, request: Bytes) {
     let per_conn = Duration::from_secs_f64(conns as f64 / rate as f64);
     let mut tasks = Vec::new();
     let start = Instant::now();
     for i in 0..conns {
-        let mut s = connect(addr, ca).await;
-        let body = body.clone();
+        let mut c = connect(addr, ca, request.clone()).await;
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let offset = per_conn.mul_f64(i as f64 / conns as f64);
@@ -155,7 +205,7 @@ async fn fixed_rate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, rate: u64
             let end = Instant::now() + Duration::from_secs(secs);
             while Instant::now() < end {
                 tick.tick().await;
-                lat.push(one(&mut s, &body).await);
+                lat.push(one(&mut c).await);
             }
             lat
         }));
@@ -184,12 +234,12 @@ fn main() {
     let review = std::env::var("VRAMGUARD_LOAD_REVIEW")
         .map(Into::into)
         .unwrap_or_else(|_| root.join("examples/admission/create-fits.json"));
-    let body = Bytes::from(std::fs::read(&review).expect("review file"));
+    let request = request_bytes(&std::fs::read(&review).expect("review file"));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let (addr, ca) = start().await;
         println!("review: {}", review.display());
-        fixed_rate(addr, &ca, conns, secs, 1000, body.clone()).await;
-        saturate(addr, &ca, conns, secs, body).await;
+        fixed_rate(addr, &ca, conns, secs, 1000, request.clone()).await;
+        saturate(addr, &ca, conns, secs, request).await;
     });
 }

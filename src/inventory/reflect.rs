@@ -1,8 +1,8 @@
 //! The inventory from a live cluster: reflectors over `GpuNode` objects and
 //! over nodes carrying GPU Feature Discovery labels.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::{Future, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -20,10 +20,16 @@ pub struct Reflected {
     nodes: Store<Node>,
     synced: Arc<AtomicBool>,
     refreshed: Arc<AtomicI64>,
+    /// Bumped after every watch event has reached its store.
+    version: Arc<AtomicU64>,
+    /// The last snapshot built and the version it was built at: every review
+    /// takes a snapshot, and copying every node and counting products each
+    /// time costs far more than the review itself on a cluster of any size.
+    cache: Arc<Mutex<Option<(u64, Snapshot)>>>,
 }
 
-impl Source for Reflected {
-    fn snapshot(&self) -> Snapshot {
+impl Reflected {
+    fn build(&self) -> Snapshot {
         let gpu_nodes: Vec<GpuNode> = self
             .gpu_nodes
             .state()
@@ -31,13 +37,31 @@ impl Source for Reflected {
             .map(|g| (**g).clone())
             .collect();
         let nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
+        Snapshot::new(merge(gpu_nodes, &nodes), None, false, None)
+    }
+}
+
+impl Source for Reflected {
+    fn snapshot(&self) -> Snapshot {
         let refreshed = self.refreshed.load(Ordering::Relaxed);
-        Snapshot::new(
-            merge(gpu_nodes, &nodes),
-            (refreshed > 0).then_some(refreshed),
-            self.synced.load(Ordering::Relaxed),
-            None,
-        )
+        let synced = self.synced.load(Ordering::Relaxed);
+        // Read the version before the stores: an event that lands while the
+        // snapshot is built bumps it afterwards, so the next call rebuilds.
+        let version = self.version.load(Ordering::Acquire);
+        let mut snapshot = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match &*cache {
+                Some((v, s)) if *v == version => s.clone(),
+                _ => {
+                    let s = self.build();
+                    *cache = Some((version, s.clone()));
+                    s
+                }
+            }
+        };
+        snapshot.refreshed_unix = (refreshed > 0).then_some(refreshed);
+        snapshot.synced = synced;
+        snapshot
     }
 }
 
@@ -52,19 +76,27 @@ pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 's
     let (node_reader, node_writer) = reflector::store::<Node>();
     let synced = Arc::new(AtomicBool::new(false));
     let refreshed = Arc::new(AtomicI64::new(0));
+    let version = Arc::new(AtomicU64::new(0));
     let source = Reflected {
         gpu_nodes: gn_reader.clone(),
         nodes: node_reader.clone(),
         synced: synced.clone(),
         refreshed: refreshed.clone(),
+        version: version.clone(),
+        cache: Arc::new(Mutex::new(None)),
     };
     let gpu_api: Api<GpuNode> = Api::all(client.clone());
     let node_api: Api<Node> = Api::all(client);
     let r1 = refreshed.clone();
+    let v1 = version.clone();
+    // The reflector has applied an event to its store by the time it passes it on.
     let gn_stream = reflector::reflector(
         gn_writer,
         watcher(gpu_api, watcher::Config::default()).default_backoff(),
     )
+    .inspect(move |_| {
+        v1.fetch_add(1, Ordering::Release);
+    })
     .touched_objects()
     .for_each(move |ev| {
         if let Err(error) = ev {
@@ -79,6 +111,9 @@ pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 's
         node_writer,
         watcher(node_api, watcher::Config::default().labels(GFD_PRODUCT)).default_backoff(),
     )
+    .inspect(move |_| {
+        version.fetch_add(1, Ordering::Release);
+    })
     .touched_objects()
     .for_each(move |ev| {
         if let Err(error) = ev {

@@ -3,11 +3,12 @@
 //! answers any review the same.
 
 use k8s_openapi::jiff::Timestamp;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::Status;
+use kube::core::admission::Operation;
 
 use super::metrics::{Reason, Verdict};
-use crate::api::{self, ValidatedJob, parse};
+use super::review::{ReadJob, Request};
+use crate::api::{self, ValidatedJob};
 use crate::estimate::{GIB, gpus};
 use crate::inventory::{ProductCount, Snapshot};
 use crate::plan::{self, GpuView, PlaceOutcome, Shrink};
@@ -17,46 +18,59 @@ pub const MAX_MESSAGE: usize = 1024;
 /// Warnings beyond this are truncated by clients; keep each short.
 pub const MAX_WARNING: usize = 120;
 
-/// A response plus the bounded labels it is counted under.
+/// The answer to one review plus the bounded labels it is counted under.
 #[derive(Debug)]
 pub struct Decision {
-    pub response: AdmissionResponse,
+    pub allowed: bool,
+    /// The response's `status`: empty when allowed; code, message and reason when denied.
+    pub status: Status,
+    /// Shown to the user when allowed; empty otherwise.
+    pub warnings: Vec<String>,
     pub verdict: Verdict,
     pub reason: Reason,
 }
 
-fn truncate(s: &str, max: usize) -> String {
+/// `s` cut to at most `max` bytes, ending in `...` when cut.
+fn truncate(mut s: String, max: usize) -> String {
     if s.len() <= max {
-        return s.to_string();
+        return s;
     }
     let mut end = max.saturating_sub(3);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}...", &s[..end])
+    s.truncate(end);
+    s.push_str("...");
+    s
 }
 
-fn deny(req: &AdmissionRequest<DynamicObject>, reason: Reason, message: &str) -> Decision {
-    let mut response = AdmissionResponse::from(req).deny(truncate(message, MAX_MESSAGE));
-    response.result.code = 403;
-    response.result.reason = match reason {
-        Reason::InvalidSpec | Reason::Immutable => "Invalid".to_string(),
-        _ => "Forbidden".to_string(),
+fn deny(reason: Reason, message: String) -> Decision {
+    let status = Status {
+        code: 403,
+        message: truncate(message, MAX_MESSAGE),
+        reason: match reason {
+            Reason::InvalidSpec | Reason::Immutable => "Invalid".to_string(),
+            _ => "Forbidden".to_string(),
+        },
+        ..Status::default()
     };
     Decision {
-        response,
+        allowed: false,
+        status,
+        warnings: Vec::new(),
         verdict: Verdict::Denied,
         reason,
     }
 }
 
-fn allow(req: &AdmissionRequest<DynamicObject>, reason: Reason, warnings: Vec<String>) -> Decision {
-    let mut response = AdmissionResponse::from(req);
-    if !warnings.is_empty() {
-        response.warnings = Some(warnings.iter().map(|w| truncate(w, MAX_WARNING)).collect());
-    }
+fn allow(reason: Reason, warnings: Vec<String>) -> Decision {
     Decision {
-        response,
+        allowed: true,
+        status: Status::default(),
+        warnings: warnings
+            .into_iter()
+            .map(|w| truncate(w, MAX_WARNING))
+            .collect(),
         verdict: Verdict::Allowed,
         reason,
     }
@@ -66,46 +80,10 @@ fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / GIB)
 }
 
-fn read_job(obj: &DynamicObject) -> Result<(api::TrainingJob, ValidatedJob), String> {
-    let value = object_value(obj)?;
-    let tj = parse::training_job(value).map_err(|e| e.to_string())?;
+fn read_job(obj: impl ReadJob) -> Result<(api::TrainingJob, ValidatedJob), String> {
+    let tj = obj.read_job().map_err(|e| e.to_string())?;
     let job = api::validate(&tj.spec).map_err(|e| e.to_string())?;
     Ok((tj, job))
-}
-
-/// The object as JSON, built from its parts (cheaper than serialising it whole).
-fn object_value(obj: &DynamicObject) -> Result<serde_json::Value, String> {
-    // The pod template does not change the estimate and is kept as written
-    // (a free-form object): leave it out rather than copy and re-read it.
-    let mut map = serde_json::Map::new();
-    match &obj.data {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                if k == "spec"
-                    && let serde_json::Value::Object(spec) = v
-                {
-                    let spec: serde_json::Map<_, _> = spec
-                        .iter()
-                        .filter(|(key, _)| key.as_str() != "template")
-                        .map(|(key, value)| (key.clone(), value.clone()))
-                        .collect();
-                    map.insert(k.clone(), serde_json::Value::Object(spec));
-                } else {
-                    map.insert(k.clone(), v.clone());
-                }
-            }
-        }
-        serde_json::Value::Null => {}
-        other => return Err(format!("the object is {other}, not a JSON object")),
-    }
-    if let Some(types) = &obj.types {
-        map.insert("apiVersion".into(), types.api_version.clone().into());
-        map.insert("kind".into(), types.kind.clone().into());
-    }
-    let metadata =
-        serde_json::to_value(&obj.metadata).map_err(|e| format!("the object's metadata: {e}"))?;
-    map.insert("metadata".into(), metadata);
-    Ok(serde_json::Value::Object(map))
 }
 
 /// What one GPU product says about the job.
@@ -115,17 +93,16 @@ struct ProductAnswer<'a> {
 }
 
 /// Judge one review against `snapshot` at `now`.
-pub fn review(
-    req: &AdmissionRequest<DynamicObject>,
-    snapshot: &Snapshot,
-    now: Timestamp,
-) -> Decision {
+pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timestamp) -> Decision {
     let is_training_job = req.kind.group == "vramguard.io" && req.kind.kind == "TrainingJob";
     if !is_training_job || !matches!(req.operation, Operation::Create | Operation::Update) {
-        return allow(req, Reason::NotJudged, Vec::new());
+        return allow(Reason::NotJudged, Vec::new());
     }
-    let Some(obj) = &req.object else {
-        return deny(req, Reason::InvalidSpec, "the review carries no object");
+    let Some(obj) = req.object else {
+        return deny(
+            Reason::InvalidSpec,
+            "the review carries no object".to_string(),
+        );
     };
     let (tj, job) = match read_job(obj) {
         Ok(j) => j,
@@ -135,13 +112,12 @@ pub fn review(
                 req.name,
                 e.replace('\n', "; ")
             );
-            return deny(req, Reason::InvalidSpec, &msg);
+            return deny(Reason::InvalidSpec, msg);
         }
     };
     if req.operation == Operation::Update
-        && let Some(old) = &req.old_object
-        && let Ok(old_value) = object_value(old)
-        && let Ok(old_tj) = parse::training_job(old_value)
+        && let Some(old) = req.old_object
+        && let Ok(old_tj) = old.read_job()
     {
         let mut changed = Vec::new();
         if old_tj.spec.model != tj.spec.model {
@@ -155,7 +131,7 @@ pub fn review(
                 "{} cannot change on a TrainingJob (its estimate, plan and placement depend on it); delete and re-create the job",
                 changed.join(" and ")
             );
-            return deny(req, Reason::Immutable, &msg);
+            return deny(Reason::Immutable, msg);
         }
     }
 
@@ -166,9 +142,8 @@ pub fn review(
     let products = snapshot.products();
     if products.is_empty() {
         return deny(
-            req,
             Reason::NoInventory,
-            "the cluster reports no GPUs: no GpuNode objects and no nodes with GPU Feature Discovery labels (nvidia.com/gpu.product, nvidia.com/gpu.memory, nvidia.com/gpu.count)",
+            "the cluster reports no GPUs: no GpuNode objects and no nodes with GPU Feature Discovery labels (nvidia.com/gpu.product, nvidia.com/gpu.memory, nvidia.com/gpu.count)".to_string(),
         );
     }
     let gpus_needed = job.spec.parallelism.gpus;
@@ -191,7 +166,7 @@ pub fn review(
                     estimates.push((catalog.name, e.clone()));
                     e
                 }
-                Err(e) => return deny(req, Reason::InvalidSpec, &e.to_string()),
+                Err(e) => return deny(Reason::InvalidSpec, e.to_string()),
             },
         };
         let v = plan::fit(
@@ -202,7 +177,7 @@ pub fn review(
         );
         if v.fits {
             let warnings = busy_warning(&job, snapshot, now).into_iter().collect();
-            return allow(req, Reason::Fits, warnings);
+            return allow(Reason::Fits, warnings);
         }
     }
 
@@ -211,7 +186,7 @@ pub fn review(
         let catalog = p.catalog.unwrap_or(fallback);
         match plan::shrink(&job, catalog, GpuView::empty(p.usable_bytes)) {
             Ok(shrink) => answers.push(ProductAnswer { product: p, shrink }),
-            Err(e) => return deny(req, Reason::InvalidSpec, &e.to_string()),
+            Err(e) => return deny(Reason::InvalidSpec, e.to_string()),
         }
     }
     // Fits after an allowed change?
@@ -233,7 +208,7 @@ pub fn review(
         if let Some(w) = busy_warning(&p.apply(&job), snapshot, now) {
             warnings.push(w);
         }
-        return allow(req, Reason::FitsAfterChange, warnings);
+        return allow(Reason::FitsAfterChange, warnings);
     }
 
     // Nothing fits: say why in numbers and what would.
@@ -274,7 +249,7 @@ pub fn review(
         msg.push_str(". ");
         msg.push_str(&adv.message);
     }
-    deny(req, Reason::NoFit, &msg)
+    deny(Reason::NoFit, msg)
 }
 
 /// A warning when the job fits an empty GPU but no node has room now.

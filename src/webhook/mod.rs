@@ -4,6 +4,7 @@
 
 pub mod decide;
 pub mod metrics;
+pub mod review;
 pub mod server;
 pub mod tls;
 

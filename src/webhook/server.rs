@@ -13,14 +13,14 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use k8s_openapi::jiff::Timestamp;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::Status;
 use prometheus_client::registry::Registry;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use super::decide;
 use super::metrics::{Metrics, Reason, ReviewLabels, Verdict};
+use super::review::{self, Answer, Job, Object, ReadJob, Review};
 use crate::inventory::Source;
 
 /// Largest AdmissionReview body accepted (the API server caps objects at 1.5 MiB; reviews
@@ -84,42 +84,65 @@ pub fn router_with(state: Arc<AppState>, limits: Limits) -> Router {
         .with_state(state)
 }
 
-fn json(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
-    match serde_json::to_vec(review) {
-        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+fn json(status: StatusCode, answer: &Answer<'_>) -> Response {
+    let mut body = Vec::with_capacity(256);
+    match serde_json::to_writer(&mut body, answer) {
+        Ok(()) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
+/// 400 with `message`, as kube's `AdmissionResponse::invalid` words it.
+fn invalid(message: String) -> Response {
+    let status = Status::failure(&message, "InvalidRequest");
+    let answer = Answer {
+        api_version: review::API_VERSION,
+        kind: review::KIND,
+        response: review::Response {
+            uid: "",
+            allowed: false,
+            status: &status,
+            warnings: &[],
+        },
+    };
+    json(StatusCode::BAD_REQUEST, &answer)
+}
+
 async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let count = |verdict, reason| {
-        state
-            .metrics
-            .reviews
-            .get_or_create(&ReviewLabels { verdict, reason })
-            .inc();
-        state
-            .metrics
-            .latency
-            .observe(started.elapsed().as_secs_f64());
-    };
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
-        Ok(r) => r,
+    // A valid TrainingJob is read once, straight into its type; anything else
+    // is read again the general way, whose errors name the field.
+    if let Ok(review) = serde_json::from_slice::<Review<'_, Job>>(&body) {
+        return answer(&state, review, started);
+    }
+    match serde_json::from_slice::<Review<'_, Object>>(&body) {
+        Ok(review) => answer(&state, review, started),
         Err(e) => {
-            count(Verdict::Invalid, Reason::Malformed);
-            let resp = AdmissionResponse::invalid(format!("not an AdmissionReview: {e}"));
-            return json(StatusCode::BAD_REQUEST, &resp.into_review());
+            count(&state, started, Verdict::Invalid, Reason::Malformed);
+            invalid(format!("not an AdmissionReview: {e}"))
         }
-    };
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(r) => r,
-        Err(e) => {
-            count(Verdict::Invalid, Reason::Malformed);
-            let resp =
-                AdmissionResponse::invalid(format!("the AdmissionReview has no request: {e}"));
-            return json(StatusCode::BAD_REQUEST, &resp.into_review());
-        }
+    }
+}
+
+fn count(state: &AppState, started: Instant, verdict: Verdict, reason: Reason) {
+    state
+        .metrics
+        .reviews
+        .get_or_create(&ReviewLabels { verdict, reason })
+        .inc();
+    state
+        .metrics
+        .latency
+        .observe(started.elapsed().as_secs_f64());
+}
+
+fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant) -> Response {
+    let Some(request) = review.request else {
+        count(state, started, Verdict::Invalid, Reason::Malformed);
+        return invalid(
+            "the AdmissionReview has no request: failed to convert AdmissionReview into AdmissionRequest"
+                .to_string(),
+        );
     };
     let snapshot = state.inventory.snapshot();
     let now = Timestamp::now();
@@ -129,18 +152,32 @@ async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             .inventory_age
             .set((now.as_second() - t).max(0) as f64);
     }
-    let decision = decide::review(&request, &snapshot, now);
+    let uid = request.uid.clone();
+    let name = request.name.clone();
+    let namespace = request.namespace.clone();
+    let dry_run = request.dry_run;
+    let decision = decide::review(request, &snapshot, now);
     tracing::info!(
-        uid = %request.uid,
-        namespace = request.namespace.as_deref().unwrap_or(""),
-        name = %request.name,
-        dry_run = request.dry_run,
-        allowed = decision.response.allowed,
+        uid = %uid,
+        namespace = namespace.as_deref().unwrap_or(""),
+        name = %name,
+        dry_run = dry_run,
+        allowed = decision.allowed,
         reason = ?decision.reason,
         "admission review"
     );
-    count(decision.verdict, decision.reason);
-    json(StatusCode::OK, &decision.response.into_review())
+    count(state, started, decision.verdict, decision.reason);
+    let answer = Answer {
+        api_version: &review.api_version,
+        kind: &review.kind,
+        response: review::Response {
+            uid: &uid,
+            allowed: decision.allowed,
+            status: &decision.status,
+            warnings: &decision.warnings,
+        },
+    };
+    json(StatusCode::OK, &answer)
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -196,7 +233,12 @@ pub async fn serve(
             }
         });
     }
-    axum_server::bind_rustls(addr, tls)
+    // TCP_NODELAY: an answer is one small write; without it Nagle's algorithm can
+    // hold it back until the client's delayed ACK (tens of milliseconds).
+    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+        .acceptor(axum_server::accept::NoDelayAcceptor::new());
+    axum_server::bind(addr)
+        .acceptor(acceptor)
         .handle(handle)
         .serve(router.into_make_service())
         .await
