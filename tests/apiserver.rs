@@ -72,6 +72,21 @@ async fn crud_conflicts_and_selectors() {
         list.items.iter().map(|c| c.name_any()).collect::<Vec<_>>(),
         ["a"]
     );
+    // Pages: `limit` items and a continue token, until none is left.
+    let first = api.list(&ListParams::default().limit(1)).await.unwrap();
+    assert_eq!(first.items.len(), 1);
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    let second = api
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(second.items.len(), 1);
+    assert_ne!(first.items[0].name_any(), second.items[0].name_any());
+    assert_eq!(
+        second.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    assert!(second.metadata.continue_.is_none_or(|c| c.is_empty()));
     let list = api
         .list(&ListParams::default().labels("app in (x,y),app!=y"))
         .await

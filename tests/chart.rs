@@ -30,6 +30,7 @@ fn values_parse_and_name_what_the_templates_use() {
         "/webhook/failurePolicy",
         "/tls/certManager/enabled",
         "/agent/enabled",
+        "/operator/enabled",
     ] {
         assert!(v.pointer(path).is_some(), "values.yaml lacks {path}");
     }
@@ -86,7 +87,18 @@ fn helm_lints_and_renders() {
         "kind: ValidatingWebhookConfiguration",
         "kind: CustomResourceDefinition",
         "kind: ClusterRole",
+        "kind: Role",
     ] {
         assert!(text.contains(kind), "rendered chart lacks {kind}");
+    }
+    // What the operator reads and writes.
+    for resource in [
+        "trainingjobs/status",
+        "memoryprofiles",
+        "jobs",
+        "pods/log",
+        "leases",
+    ] {
+        assert!(text.contains(resource), "the chart's RBAC lacks {resource}");
     }
 }

@@ -1,5 +1,6 @@
 //! `vramguard serve`: the admission webhook over TLS, with the GPU inventory
-//! from the cluster (GpuNode objects and GFD node labels) or from a file.
+//! from the cluster (GpuNode objects and GFD node labels) or from a file;
+//! with a cluster, also the operator (one leader among the replicas).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use clap::Args;
 
 use crate::api::parse;
 use crate::inventory::{self, Source};
+use crate::operator;
 use crate::webhook::{self, AppState, tls};
 
 /// Arguments of `vramguard serve`.
@@ -53,6 +55,30 @@ pub struct ServeArgs {
     /// Seconds in-flight reviews get to finish after SIGTERM.
     #[arg(long, env = "VRAMGUARD_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
+    /// Serve admission reviews only: do not run the operator (which runs
+    /// whenever the inventory comes from the cluster).
+    #[arg(long, env = "VRAMGUARD_NO_OPERATOR", default_value_t = false)]
+    pub no_operator: bool,
+    /// Namespace of the operator's leader-election Lease (the pod's own).
+    #[arg(long, env = "VRAMGUARD_LEASE_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "VRAMGUARD_LEASE_NAME",
+        default_value = "vramguard-operator"
+    )]
+    pub lease_name: String,
+    /// This replica's identity in the Lease and in Events (the pod name).
+    #[arg(long, env = "VRAMGUARD_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+/// This replica's name: the flag, else the host name (a pod's name).
+fn identity(flag: Option<String>) -> String {
+    flag.or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| format!("vramguard-{}", std::process::id()))
 }
 
 /// Read a cluster file of GpuNode documents.
@@ -81,6 +107,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         cluster,
         tls_reload_secs,
         drain_secs,
+        no_operator,
+        lease_namespace,
+        lease_name,
+        identity: identity_flag,
     } = args;
 
     // TLS is checked before anything binds.
@@ -105,6 +135,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
 
+    let mut client = None;
     let (source, driver): (Arc<dyn Source>, futures::future::BoxFuture<'static, ()>) = match cluster
     {
         Some(path) => {
@@ -116,12 +147,38 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             )
         }
         None => {
-            let client = kube::Client::try_default().await.context(
+            let c = kube::Client::try_default().await.context(
                 "connecting to the Kubernetes API (give --cluster FILE to run without one)",
             )?;
-            let (source, driver) = inventory::reflect::start(client);
+            let (source, driver) = inventory::reflect::start(c.clone());
+            client = Some(c);
             (Arc::new(source), Box::pin(driver))
         }
+    };
+    // The operator runs with a live inventory; a static file has no cluster to act on.
+    let operator: futures::future::BoxFuture<'static, anyhow::Result<()>> = match client {
+        Some(client) if !no_operator => {
+            let identity = identity(identity_flag);
+            let config = operator::Config {
+                instance: Some(identity.clone()),
+                ..operator::Config::default()
+            };
+            let lease = operator::LeaseConfig::new(&lease_namespace, &lease_name, &identity);
+            tracing::info!(%identity, lease = %lease_name, namespace = %lease_namespace, "operator: standing for leader");
+            let source = source.clone();
+            Box::pin(async move {
+                operator::run(
+                    client,
+                    source,
+                    config,
+                    lease,
+                    super::shutdown_signal("operator: stepping down"),
+                )
+                .await
+                .map_err(anyhow::Error::from)
+            })
+        }
+        _ => Box::pin(std::future::pending()),
     };
     let state = Arc::new(AppState::new(source));
     let router = webhook::router(state);
@@ -144,10 +201,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Duration::from_secs(drain_secs),
         None,
     );
+    let mut operator = operator;
     tokio::select! {
         r = server => r.context("the webhook server stopped")?,
         _ = driver => bail!("the inventory watch ended"),
         _ = reload => bail!("the certificate watch ended"),
+        r = &mut operator => {
+            r.context("the operator stopped")?;
+            bail!("the operator stopped")
+        }
     }
+    // The server drained; let the operator give up its Lease.
+    let _ = tokio::time::timeout(Duration::from_secs(5), operator).await;
     Ok(())
 }

@@ -14,7 +14,8 @@ use crate::api::{EstimateStatus, GpuNode, Placement, PlanStatus, ValidatedJob};
 use crate::estimate::{self, gpus};
 use crate::inventory::{self, Snapshot};
 use crate::plan::{
-    self, Allowance, GpuView, PlaceOutcome, Plan, Reservation, Settings, place_scaled, scale_bytes,
+    self, Allowance, GpuView, PlaceOutcome, Plan, ReservationIndex, Settings, place_scaled_in,
+    scale_bytes,
 };
 
 /// What the operator does with a job now.
@@ -91,13 +92,13 @@ fn scaled_view(usable: u64, scale: f64) -> GpuView {
 pub fn decide(
     job: &ValidatedJob,
     snapshot: &Snapshot,
-    reservations: &[Reservation],
+    reservations: &ReservationIndex,
     tolerations: &[String],
     now: Timestamp,
     scale: f64,
 ) -> Result<Decision, String> {
     let nodes: &[GpuNode] = &snapshot.nodes[..];
-    let as_written = place_scaled(job, nodes, reservations, tolerations, now, scale)
+    let as_written = place_scaled_in(job, nodes, reservations, tolerations, now, scale)
         .map_err(|e| e.to_string())?;
     let written_reason = match &as_written {
         PlaceOutcome::Placed(a) => {
@@ -131,7 +132,7 @@ pub fn decide(
         });
         for plan in &plans {
             let shrunk = plan.apply(job);
-            match place_scaled(&shrunk, nodes, reservations, tolerations, now, scale)
+            match place_scaled_in(&shrunk, nodes, reservations, tolerations, now, scale)
                 .map_err(|e| e.to_string())?
             {
                 PlaceOutcome::Placed(a) => {

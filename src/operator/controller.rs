@@ -34,7 +34,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -43,6 +42,7 @@ use tokio::sync::{Mutex, watch};
 
 use super::admit::{self, Decision};
 use super::conditions::{self as cond, truncate};
+use super::events::{self, Kind};
 use super::ledger::{self, Entry, Ledger};
 use super::oom::{self, Failure, GpuOom};
 use super::render::{self, ATTEMPT_LABEL, AttemptSpec, JOB_LABEL};
@@ -69,6 +69,10 @@ pub struct Config {
     pub log_limit_bytes: i64,
     /// Requeue after an error.
     pub error_requeue: Duration,
+    /// Reconciles at once. Each holds an HTTP connection to the API server
+    /// while it runs: unbounded, a burst of jobs opens as many connections
+    /// (and their buffers) as there are jobs.
+    pub concurrency: u16,
 }
 
 impl Default for Config {
@@ -80,6 +84,7 @@ impl Default for Config {
             log_tail_lines: 200,
             log_limit_bytes: 256 * 1024,
             error_requeue: Duration::from_secs(5),
+            concurrency: 16,
         }
     }
 }
@@ -102,7 +107,7 @@ pub struct Context {
     /// Jobs waiting for capacity, retried when it changes.
     waiting: StdMutex<HashSet<ObjectRef<TrainingJob>>>,
     kick: mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
-    recorder: Recorder,
+    reporter: events::Reporter,
     config: Config,
 }
 
@@ -139,17 +144,8 @@ impl Context {
         }
     }
 
-    async fn event(&self, tj: &TrainingJob, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(truncate(&note, 1000)),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&ev, &tj.object_ref(&())).await {
-            tracing::warn!(%error, job = %tj.name_any(), "publishing an event");
-        }
+    async fn event(&self, tj: &TrainingJob, kind: Kind, reason: &str, note: String) {
+        events::publish(&self.client, &self.reporter, tj, kind, reason, &note).await;
     }
 }
 
@@ -305,8 +301,7 @@ async fn finish(
     write_status(api, tj, status).await?;
     ctx.set_waiting(ObjectRef::from_obj(tj), false);
     ctx.release(&ledger::key(tj)).await;
-    ctx.event(tj, EventType::Warning, condition.1, message)
-        .await;
+    ctx.event(tj, Kind::Warning, condition.1, message).await;
     Ok(Action::await_change())
 }
 
@@ -385,7 +380,7 @@ async fn pending(
         return Ok(Action::await_change());
     }
     let snapshot = ctx.inventory.snapshot();
-    let reservations = ledger.reservations(&snapshot.nodes, &key);
+    let reservations = ledger.reservations(&snapshot.nodes);
     let decision = admit::decide(
         &job,
         &snapshot,
@@ -452,7 +447,7 @@ async fn pending(
                 Entry {
                     uid: tj.uid().unwrap_or_default(),
                     attempt,
-                    pod_prefix: format!("{}/{job_name}-", tj.namespace().unwrap_or_default()),
+                    job: format!("{}/{job_name}", tj.namespace().unwrap_or_default()),
                     reservations: reservations_of(&placement),
                 },
             );
@@ -465,7 +460,7 @@ async fn pending(
             };
             drop(ledger);
             ctx.set_waiting(ObjectRef::from_obj(&**tj), false);
-            ctx.event(tj, EventType::Normal, "Placed", message).await;
+            ctx.event(tj, Kind::Normal, "Placed", message).await;
             // Make the Job now rather than on the next event.
             active(api, &Arc::new(written), ctx).await
         }
@@ -488,7 +483,7 @@ async fn pending(
                     &t,
                 );
                 write_status(api, tj, status).await?;
-                ctx.event(tj, EventType::Normal, "WaitingForCapacity", reason)
+                ctx.event(tj, Kind::Normal, "WaitingForCapacity", reason)
                     .await;
             }
             Ok(Action::requeue(ctx.config.wait_requeue))
@@ -606,7 +601,7 @@ async fn active(
                 Ok(j) => {
                     ctx.event(
                         tj,
-                        EventType::Normal,
+                        Kind::Normal,
                         "JobCreated",
                         format!("created Job {job_name} (attempt {attempt})"),
                     )
@@ -672,7 +667,7 @@ async fn active(
         ctx.release(&ledger::key(tj)).await;
         ctx.event(
             tj,
-            EventType::Normal,
+            Kind::Normal,
             "Succeeded",
             format!("Job {job_name} completed"),
         )
@@ -733,7 +728,7 @@ async fn active(
         if running {
             ctx.event(
                 tj,
-                EventType::Normal,
+                Kind::Normal,
                 "Running",
                 format!("Job {job_name} is running"),
             )
@@ -1078,7 +1073,7 @@ async fn attempt_failed(
                 Err(error) => tracing::warn!(%error, job = job_name, "deleting the failed Job"),
             }
             ctx.release(&ledger::key(tj)).await;
-            ctx.event(tj, EventType::Warning, "GpuOutOfMemory", message)
+            ctx.event(tj, Kind::Warning, "GpuOutOfMemory", message)
                 .await;
             Ok(Action::requeue(Duration::from_millis(10)))
         }
@@ -1107,21 +1102,33 @@ pub async fn run_controller(
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
     let tjs: Api<TrainingJob> = Api::all(client.clone());
-    let existing = tjs.list(&ListParams::default()).await?;
-    let ledger = Ledger::rebuild(&existing.items);
+    // Page by page: the holds are small, the TrainingJobs not.
+    let mut ledger = Ledger::default();
+    let mut page = ListParams::default().limit(500);
+    loop {
+        let list = tjs.list(&page).await?;
+        for tj in &list.items {
+            ledger.absorb(tj);
+        }
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => page = page.continue_token(&token),
+            None => break,
+        }
+    }
     tracing::info!(
         holds = ledger.len(),
         "ledger rebuilt from TrainingJob statuses"
     );
     let (kick, kicks) = mpsc::unbounded();
+    let concurrency = config.concurrency;
     let (profiles, profiles_driver) = profiles::Profiles::start(client.clone());
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: config.reporter.clone(),
-            instance: config.instance.clone(),
-        },
-    );
+    let reporter = events::Reporter {
+        controller: config.reporter.clone(),
+        instance: config
+            .instance
+            .clone()
+            .unwrap_or_else(|| config.reporter.clone()),
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         inventory,
@@ -1129,7 +1136,7 @@ pub async fn run_controller(
         ledger: Mutex::new(ledger),
         waiting: StdMutex::new(HashSet::new()),
         kick,
-        recorder,
+        reporter,
         config,
     });
     let on_gpu_nodes = ctx.clone();
@@ -1153,6 +1160,7 @@ pub async fn run_controller(
             move |_| on_gpu_nodes.waiting(),
         )
         .reconcile_on(kicks)
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| {

@@ -2,12 +2,14 @@
 //! and writes it under one lock, so two jobs never reserve the same memory
 //! even when the watch cache has not caught up with the last decision. It
 //! is rebuilt from the TrainingJobs' statuses whenever a replica becomes
-//! leader: status is the record, the ledger a cache of it.
+//! leader: status is the record, the ledger a cache of it. Holds are kept
+//! indexed by node, so a placement costs nothing per job held elsewhere.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::api::{GpuNode, Phase, TrainingJob};
-use crate::plan::{Reservation, reservations_of};
+use crate::plan::{Reservation, ReservationIndex, reservations_of};
 use kube::{Resource, ResourceExt};
 
 /// One admitted job's hold.
@@ -15,16 +17,19 @@ use kube::{Resource, ResourceExt};
 pub struct Entry {
     pub uid: String,
     pub attempt: u32,
-    /// `namespace/jobName-`: the prefix of this attempt's pods as the agent
-    /// reports them in `assignedPod`.
-    pub pod_prefix: String,
+    /// `namespace/jobName`: this attempt's pods are `jobName-…`, as the
+    /// agent reports them in `assignedPod`.
+    pub job: String,
     pub reservations: Vec<Reservation>,
 }
 
-/// `namespace/name` → hold.
+/// `namespace/name` → hold, and every hold by node.
 #[derive(Debug, Default)]
 pub struct Ledger {
     entries: HashMap<String, Entry>,
+    /// `namespace/jobName` → key.
+    jobs: HashMap<String, String>,
+    index: ReservationIndex,
 }
 
 /// The ledger key of a TrainingJob.
@@ -37,27 +42,32 @@ impl Ledger {
     pub fn rebuild(jobs: &[TrainingJob]) -> Ledger {
         let mut ledger = Ledger::default();
         for tj in jobs {
-            if tj.meta().deletion_timestamp.is_some() {
-                continue;
-            }
-            let Some(status) = &tj.status else { continue };
-            if !matches!(status.phase, Some(Phase::Admitted | Phase::Running)) {
-                continue;
-            }
-            let (Some(placement), Some(job_name)) = (&status.placement, &status.job_name) else {
-                continue;
-            };
-            ledger.insert(
-                key(tj),
-                Entry {
-                    uid: tj.uid().unwrap_or_default(),
-                    attempt: status.oom_retries,
-                    pod_prefix: format!("{}/{job_name}-", tj.namespace().unwrap_or_default()),
-                    reservations: reservations_of(placement),
-                },
-            );
+            ledger.absorb(tj);
         }
         ledger
+    }
+
+    /// Take `tj`'s hold from its status, if it holds memory now.
+    pub fn absorb(&mut self, tj: &TrainingJob) {
+        if tj.meta().deletion_timestamp.is_some() {
+            return;
+        }
+        let Some(status) = &tj.status else { return };
+        if !matches!(status.phase, Some(Phase::Admitted | Phase::Running)) {
+            return;
+        }
+        let (Some(placement), Some(job_name)) = (&status.placement, &status.job_name) else {
+            return;
+        };
+        self.insert(
+            key(tj),
+            Entry {
+                uid: tj.uid().unwrap_or_default(),
+                attempt: status.oom_retries,
+                job: format!("{}/{job_name}", tj.namespace().unwrap_or_default()),
+                reservations: reservations_of(placement),
+            },
+        );
     }
 
     pub fn get(&self, key: &str) -> Option<&Entry> {
@@ -65,12 +75,34 @@ impl Ledger {
     }
 
     pub fn insert(&mut self, key: String, entry: Entry) {
+        self.release(&key);
+        for r in &entry.reservations {
+            self.index
+                .entry(r.node.clone())
+                .or_default()
+                .push(r.clone());
+        }
+        self.jobs.insert(entry.job.clone(), key.clone());
         self.entries.insert(key, entry);
     }
 
     /// Drop a hold; true when there was one.
     pub fn release(&mut self, key: &str) -> bool {
-        self.entries.remove(key).is_some()
+        let Some(entry) = self.entries.remove(key) else {
+            return false;
+        };
+        self.jobs.remove(&entry.job);
+        for r in &entry.reservations {
+            if let Some(held) = self.index.get_mut(&r.node) {
+                if let Some(i) = held.iter().position(|h| h == r) {
+                    held.swap_remove(i);
+                }
+                if held.is_empty() {
+                    self.index.remove(&r.node);
+                }
+            }
+        }
+        true
     }
 
     pub fn len(&self) -> usize {
@@ -81,39 +113,59 @@ impl Ledger {
         self.entries.is_empty()
     }
 
-    /// Every hold but `except`'s, as placement takes them. A GPU the agent
-    /// already reports as assigned to one of the job's pods has that job's
-    /// use in its probed free memory: only the rest of the hold counts.
-    pub fn reservations(&self, nodes: &[GpuNode], except: &str) -> Vec<Reservation> {
-        let by_node: HashMap<&str, &GpuNode> = nodes
-            .iter()
-            .map(|n| (n.spec.node_name.as_str(), n))
-            .collect();
-        let mut out = Vec::new();
-        for (k, e) in &self.entries {
-            if k == except {
+    /// The hold a pod (`namespace/pod`) belongs to: its name is the Job's
+    /// name, a dash and more.
+    fn owner_of(&self, pod: &str) -> Option<&Entry> {
+        let mut end = pod.len();
+        while let Some(i) = pod[..end].rfind('-') {
+            if let Some(key) = self.jobs.get(&pod[..i]) {
+                return self.entries.get(key);
+            }
+            end = i;
+        }
+        None
+    }
+
+    /// Every hold, as placement takes them. A GPU the agent already reports
+    /// as assigned to one of a job's pods has that job's use in its probed
+    /// free memory: only the rest of that job's hold counts there.
+    pub fn reservations(&self, nodes: &[GpuNode]) -> Cow<'_, ReservationIndex> {
+        let mut adjusted: Option<ReservationIndex> = None;
+        for n in nodes {
+            let Some(status) = &n.status else { continue };
+            let node = n.spec.node_name.as_str();
+            if !self.index.contains_key(node) {
                 continue;
             }
-            for r in &e.reservations {
-                let used_by_job = by_node
-                    .get(r.node.as_str())
-                    .and_then(|n| n.status.as_ref())
-                    .and_then(|s| s.gpus.iter().find(|g| g.index == r.gpu_index))
-                    .filter(|g| {
-                        r.mig_index.is_none()
-                            && g.assigned_pod
-                                .as_deref()
-                                .is_some_and(|p| p.starts_with(&e.pod_prefix))
-                    })
-                    .map(|g| g.used_bytes)
-                    .unwrap_or(0);
-                let bytes = r.bytes.saturating_sub(used_by_job);
-                if bytes > 0 {
-                    out.push(Reservation { bytes, ..r.clone() });
+            for g in &status.gpus {
+                let Some(pod) = g.assigned_pod.as_deref() else {
+                    continue;
+                };
+                if g.used_bytes == 0 {
+                    continue;
+                }
+                let Some(owner) = self.owner_of(pod) else {
+                    continue;
+                };
+                let Some(held) = owner
+                    .reservations
+                    .iter()
+                    .find(|r| r.node == node && r.gpu_index == g.index && r.mig_index.is_none())
+                else {
+                    continue;
+                };
+                let index = adjusted.get_or_insert_with(|| self.index.clone());
+                if let Some(list) = index.get_mut(node)
+                    && let Some(r) = list.iter_mut().find(|r| *r == held)
+                {
+                    r.bytes = r.bytes.saturating_sub(g.used_bytes);
                 }
             }
         }
-        out
+        match adjusted {
+            Some(index) => Cow::Owned(index),
+            None => Cow::Borrowed(&self.index),
+        }
     }
 }
 
@@ -121,12 +173,13 @@ impl Ledger {
 mod tests {
     use super::*;
     use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuStatus};
+    use crate::plan::held_in;
 
-    fn entry(node: &str, gpu: u32, bytes: u64) -> Entry {
+    fn entry(job: &str, node: &str, gpu: u32, bytes: u64) -> Entry {
         Entry {
             uid: "u".into(),
             attempt: 0,
-            pod_prefix: "ml/train-0-".into(),
+            job: job.into(),
             reservations: vec![Reservation {
                 node: node.into(),
                 gpu_index: gpu,
@@ -163,26 +216,32 @@ mod tests {
     }
 
     #[test]
-    fn holds_count_except_the_asker_and_what_the_probe_already_sees() {
+    fn holds_count_once_and_what_the_probe_already_sees_is_not_held_twice() {
         let mut l = Ledger::default();
-        l.insert("ml/train".into(), entry("a", 0, 40 << 30));
-        l.insert("ml/other".into(), entry("b", 0, 10 << 30));
+        l.insert("ml/train".into(), entry("ml/train-0", "a", 0, 40 << 30));
+        l.insert("ml/other".into(), entry("ml/other-0", "b", 0, 10 << 30));
         assert_eq!(l.len(), 2);
         let nodes = [
             node("a", 30 << 30, Some("ml/train-0-x7k2p")),
             node("b", 0, None),
         ];
-        let mut r = l.reservations(&nodes, "ml/other");
-        assert_eq!(r.len(), 1);
+        let r = l.reservations(&nodes);
         assert_eq!(
-            r[0].bytes,
+            held_in(&r, "a", 0, None),
             10 << 30,
-            "30 of the 40 GiB are already in the probe"
+            "30 of the 40 GiB are in the probe"
         );
-        r = l.reservations(&nodes, "nobody");
-        assert_eq!(r.len(), 2);
+        assert_eq!(held_in(&r, "b", 0, None), 10 << 30);
+        // Without the agent's view, the whole hold counts, from the index itself.
+        let plain = l.reservations(&[]);
+        assert!(matches!(plain, Cow::Borrowed(_)));
+        assert_eq!(held_in(&plain, "a", 0, None), 40 << 30);
+        // Replacing a hold does not count it twice; releasing frees it.
+        l.insert("ml/train".into(), entry("ml/train-1", "a", 0, 50 << 30));
+        assert_eq!(held_in(&l.reservations(&[]), "a", 0, None), 50 << 30);
         assert!(l.release("ml/train"));
         assert!(!l.release("ml/train"));
-        assert_eq!(l.reservations(&nodes, "x").len(), 1);
+        assert_eq!(held_in(&l.reservations(&[]), "a", 0, None), 0);
+        assert_eq!(l.len(), 1);
     }
 }

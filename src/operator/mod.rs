@@ -11,6 +11,7 @@
 pub mod admit;
 pub mod conditions;
 pub mod controller;
+pub mod events;
 pub mod fingerprint;
 pub mod leader;
 pub mod learn;

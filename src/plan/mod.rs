@@ -11,7 +11,8 @@ pub mod shrink;
 pub use advice::Advice;
 pub use place::{
     Assignment, DeviceAssignment, Need, NodeAssignment, PlaceOutcome, Request, Reservation,
-    architecture_of, place, place_scaled, place_with, reservations_of, scale_bytes,
+    ReservationIndex, architecture_of, held_in, place, place_scaled, place_scaled_in, place_with,
+    reservations_of, scale_bytes,
 };
 pub use settings::{ALL_FIELDS, Plan, Settings, effective_batch};
 pub use shrink::{Allowance, Shrink, search, shrink};

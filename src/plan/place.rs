@@ -217,6 +217,19 @@ pub fn place_scaled(
     now: Timestamp,
     scale: f64,
 ) -> Result<PlaceOutcome, EstimateError> {
+    let by_node = by_node(reservations);
+    let held = |node: &str, gpu: u32, mig: Option<u32>| held_by(&by_node, node, gpu, mig);
+    place_job(job, nodes, &held, tolerations, now, scale)
+}
+
+fn place_job(
+    job: &ValidatedJob,
+    nodes: &[GpuNode],
+    held: &dyn Fn(&str, u32, Option<u32>) -> u64,
+    tolerations: &[String],
+    now: Timestamp,
+    scale: f64,
+) -> Result<PlaceOutcome, EstimateError> {
     let request = Request {
         gpus: job.spec.parallelism.gpus,
         gpus_per_node: job.gpus_per_node,
@@ -225,21 +238,19 @@ pub fn place_scaled(
         now,
     };
     let mut error = None;
-    let outcome = place_with(
-        &request,
-        nodes,
-        reservations,
-        &mut |arch| match estimate::estimate(job, representative(arch)) {
-            Ok(e) => Some(Need {
-                per_gpu_bytes: scale_bytes(e.status.per_gpu_bytes, scale),
-                largest_tensor_bytes: e.status.largest_tensor_bytes,
-            }),
-            Err(e) => {
-                error = Some(e);
-                None
-            }
-        },
-    );
+    let outcome = place_held(&request, nodes, held, &mut |arch| match estimate::estimate(
+        job,
+        representative(arch),
+    ) {
+        Ok(e) => Some(Need {
+            per_gpu_bytes: scale_bytes(e.status.per_gpu_bytes, scale),
+            largest_tensor_bytes: e.status.largest_tensor_bytes,
+        }),
+        Err(e) => {
+            error = Some(e);
+            None
+        }
+    });
     match error {
         Some(e) => Err(e),
         None => Ok(outcome),
@@ -273,7 +284,8 @@ struct Placer<'a> {
     request: &'a Request<'a>,
     ranks_per_node: usize,
     single_rank: bool,
-    by_node: &'a HashMap<&'a str, Vec<&'a Reservation>>,
+    /// Bytes reserved on (node, GPU index, MIG index).
+    held: &'a dyn Fn(&str, u32, Option<u32>) -> u64,
     /// Per architecture: the need, and the need with the margin.
     needs: [Option<Option<(Need, u64)>>; 6],
     need_fn: &'a mut dyn FnMut(Architecture) -> Option<Need>,
@@ -345,17 +357,8 @@ impl<'a> Placer<'a> {
             return;
         };
         let name = node.spec.node_name.as_str();
-        let by_node = self.by_node;
-        let held: &[&Reservation] = if by_node.is_empty() {
-            &[]
-        } else {
-            by_node.get(name).map_or(&[], Vec::as_slice)
-        };
-        let reserved = |index: u32, mig: Option<u32>| {
-            held.iter()
-                .filter(|r| r.gpu_index == index && r.mig_index == mig)
-                .fold(0u64, |acc, r| acc.saturating_add(r.bytes))
-        };
+        let held = self.held;
+        let reserved = |index: u32, mig: Option<u32>| held(name, index, mig);
         for gpu in &status.gpus {
             if !gpu.healthy {
                 if count {
@@ -580,18 +583,72 @@ pub fn place_with(
     reservations: &[Reservation],
     need: &mut dyn FnMut(Architecture) -> Option<Need>,
 ) -> PlaceOutcome {
-    let ranks = request.gpus.max(1);
-    let gpus_per_node = request.gpus_per_node.max(1);
-    let ranks_per_node = usize::try_from(ranks.min(gpus_per_node)).unwrap_or(usize::MAX);
+    let by_node = by_node(reservations);
+    let held = |node: &str, gpu: u32, mig: Option<u32>| held_by(&by_node, node, gpu, mig);
+    place_held(request, nodes, &held, need)
+}
+
+fn by_node(reservations: &[Reservation]) -> HashMap<&str, Vec<&Reservation>> {
     let mut by_node: HashMap<&str, Vec<&Reservation>> = HashMap::new();
     for r in reservations {
         by_node.entry(r.node.as_str()).or_default().push(r);
     }
+    by_node
+}
+
+fn held_by(
+    by_node: &HashMap<&str, Vec<&Reservation>>,
+    node: &str,
+    gpu: u32,
+    mig: Option<u32>,
+) -> u64 {
+    by_node
+        .get(node)
+        .map_or(0, |rs| sum_on(rs.iter().copied(), gpu, mig))
+}
+
+fn sum_on<'r>(rs: impl Iterator<Item = &'r Reservation>, gpu: u32, mig: Option<u32>) -> u64 {
+    rs.filter(|r| r.gpu_index == gpu && r.mig_index == mig)
+        .fold(0u64, |acc, r| acc.saturating_add(r.bytes))
+}
+
+/// Reservations by node name, as a long-lived holder (the operator's
+/// ledger) keeps them: placement then costs nothing per reservation held
+/// elsewhere in the cluster.
+pub type ReservationIndex = HashMap<String, Vec<Reservation>>;
+
+/// Bytes `index` holds on one device.
+pub fn held_in(index: &ReservationIndex, node: &str, gpu: u32, mig: Option<u32>) -> u64 {
+    index.get(node).map_or(0, |rs| sum_on(rs.iter(), gpu, mig))
+}
+
+/// [`place_scaled`] with the reservations as an index.
+pub fn place_scaled_in(
+    job: &ValidatedJob,
+    nodes: &[GpuNode],
+    reservations: &ReservationIndex,
+    tolerations: &[String],
+    now: Timestamp,
+    scale: f64,
+) -> Result<PlaceOutcome, EstimateError> {
+    let held = |node: &str, gpu: u32, mig: Option<u32>| held_in(reservations, node, gpu, mig);
+    place_job(job, nodes, &held, tolerations, now, scale)
+}
+
+fn place_held(
+    request: &Request<'_>,
+    nodes: &[GpuNode],
+    held: &dyn Fn(&str, u32, Option<u32>) -> u64,
+    need: &mut dyn FnMut(Architecture) -> Option<Need>,
+) -> PlaceOutcome {
+    let ranks = request.gpus.max(1);
+    let gpus_per_node = request.gpus_per_node.max(1);
+    let ranks_per_node = usize::try_from(ranks.min(gpus_per_node)).unwrap_or(usize::MAX);
     let mut placer = Placer {
         request,
         ranks_per_node,
         single_rank: ranks == 1,
-        by_node: &by_node,
+        held,
         needs: [None; 6],
         need_fn: need,
         tally: Tally::default(),

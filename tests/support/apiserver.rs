@@ -6,8 +6,9 @@
 //! `/apis/{group}/{version}/...`, namespaced (`namespaces/{ns}/{plural}`) and
 //! cluster-scoped (`{plural}`). Supported:
 //!
-//! - LIST (`resourceVersion` in the list metadata; `limit`/`continue` are
-//!   ignored: one page holds everything), with `labelSelector`
+//! - LIST (`resourceVersion` in the list metadata; `limit`/`continue` pages
+//!   in key order, each page read from the current state and carrying the
+//!   first page's resourceVersion), with `labelSelector`
 //!   (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`) and
 //!   `fieldSelector` on `metadata.name` / `metadata.namespace`;
 //! - WATCH (`watch=true`): newline-delimited `{"type","object"}` events after
@@ -981,18 +982,45 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
     };
     let inner = shared.lock();
     let metadata_only = accept.contains("as=PartialObjectMetadataList");
-    let items: Vec<Value> = inner
-        .objects
-        .iter()
-        .filter(|(k, v)| in_scope(t, k) && sel.matches(v))
-        .map(|(_, v)| {
-            if metadata_only {
-                as_metadata(v)
-            } else {
-                v.clone()
-            }
-        })
-        .collect();
+    let limit = q
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    // `continue`: "<resourceVersion of the first page> <namespace>/<name> of the last item".
+    let (list_rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
+        Some(c) => match c.split_once(' ') {
+            Some((rv, key)) => (rv.to_string(), Some(key.to_string())),
+            None => return bad_request(format!("invalid continue token {c:?}")),
+        },
+        None => (inner.rv.to_string(), None),
+    };
+    let mut last = None;
+    let mut more = false;
+    let mut items: Vec<Value> = Vec::new();
+    for (k, v) in inner.objects.iter() {
+        if !in_scope(t, k) || !sel.matches(v) {
+            continue;
+        }
+        let key = format!("{}/{}", k.1, k.2);
+        if after.as_ref().is_some_and(|a| key.as_str() <= a.as_str()) {
+            continue;
+        }
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        items.push(if metadata_only {
+            as_metadata(v)
+        } else {
+            v.clone()
+        });
+        last = Some(key);
+    }
+    let mut metadata = json!({"resourceVersion": list_rv});
+    if more && let Some(last) = last {
+        metadata["continue"] = json!(format!("{list_rv} {last}"));
+    }
     let (api_version, kind) = if metadata_only {
         (
             "meta.k8s.io/v1".to_string(),
@@ -1009,7 +1037,7 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
         &json!({
             "apiVersion": api_version,
             "kind": kind,
-            "metadata": {"resourceVersion": inner.rv.to_string()},
+            "metadata": metadata,
             "items": items,
         }),
     )
