@@ -21,12 +21,14 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use support::apiserver::ApiServer;
+use tower::ServiceExt;
 use vramguard::api::{
     GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, MemoryProfile, Phase, TrainingJob,
     TrainingJobSpec,
 };
-use vramguard::inventory::reflect;
+use vramguard::inventory::{Source, reflect};
 use vramguard::operator::{self, Config, FINALIZER, LeaseConfig};
+use vramguard::webhook::{self, AppState};
 
 const GIB: u64 = 1 << 30;
 const NS: &str = "ml";
@@ -481,6 +483,58 @@ async fn gpu_oom_is_learnt_and_retried_smaller_then_succeeds() {
         .unwrap();
     let ckpt = env_of(&again, "VRAMGUARD_GRADIENT_CHECKPOINTING").unwrap();
     assert!(micro < micro0 || ckpt != "none");
+
+    // The webhook reads the same profile: the plan that died, written as a
+    // job of its own, fits by the plain estimate (it was admitted) and is
+    // denied once raised by what the OOM proved.
+    let (source, driver) = reflect::start(server.client());
+    let driver = tokio::spawn(driver);
+    eventually("the webhook's inventory to hold the profile", || async {
+        (!source.snapshot().profiles.is_empty()).then_some(())
+    })
+    .await;
+    let router = webhook::router(Arc::new(AppState::new(Arc::new(source))));
+    let ckpt0 = env_of(&job0, "VRAMGUARD_GRADIENT_CHECKPOINTING").unwrap();
+    let mut object = serde_json::to_value(training_job(
+        "ft-third",
+        &lora_8b(micro0, &ckpt0, "{mode: Reject}"),
+    ))
+    .unwrap();
+    object["apiVersion"] = json!("vramguard.io/v1alpha1");
+    object["kind"] = json!("TrainingJob");
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "vramguard.io", "version": "v1alpha1", "kind": "TrainingJob"},
+            "resource": {"group": "vramguard.io", "version": "v1alpha1", "resource": "trainingjobs"},
+            "name": "ft-third",
+            "namespace": NS,
+            "operation": "CREATE",
+            "userInfo": {"username": "researcher"},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false,
+        }
+    });
+    let response = router
+        .oneshot(
+            axum::http::Request::post("/validate")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(review.to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], json!(false), "{answer}");
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("raised ×1.0"), "{message}");
+    driver.abort();
     replica.stop().await;
 }
 
@@ -743,5 +797,43 @@ template: {spec: {containers: [{name: t, image: x}]}}";
     let tj = wait_phase(&server, "huge", Phase::Rejected).await;
     assert_eq!(condition(&tj, "Placed").unwrap().reason, "DoesNotFit");
     assert!(server.get::<Job>(Some(NS), "huge-0").is_none());
+    replica.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragmented_oom_first_retries_with_expandable_segments() {
+    let server = ApiServer::start().await;
+    server.put(&gpu_node("gpu-a", 1, 79));
+    let replica = Replica::start(&server, "op-a");
+    server.put(&training_job(
+        "frag",
+        &lora_8b(
+            2,
+            "none",
+            "{mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}",
+        ),
+    ));
+    let job0 = wait_job(&server, "frag-0").await;
+    // 6 GiB reserved but unallocated, 2 GiB asked for: the memory was there.
+    let fragmented = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 300.00 MiB is free. Including non-PyTorch memory, this process has 78.80 GiB memory in use. Of the allocated memory 71.00 GiB is allocated by PyTorch, and 6.00 GiB is reserved by PyTorch but unallocated.";
+    failed_pod(&server, "frag", 0, "Error", 1, fragmented);
+    job_failed(&server, "frag-0");
+    let job1 = wait_job(&server, "frag-1").await;
+    assert_eq!(
+        env_of(&job1, "PYTORCH_CUDA_ALLOC_CONF").as_deref(),
+        Some("expandable_segments:True")
+    );
+    // Nothing else changes on this retry.
+    for var in [
+        "VRAMGUARD_MICRO_BATCH_SIZE",
+        "VRAMGUARD_GRADIENT_CHECKPOINTING",
+    ] {
+        assert_eq!(env_of(&job1, var), env_of(&job0, var), "{var}");
+    }
+    let status = tj_of(&server, "frag").unwrap().status.unwrap();
+    let learned = status.learned.unwrap();
+    assert!(learned.expandable_segments);
+    assert_eq!(learned.scale, 1.0);
+    assert!(status.plan.unwrap().expandable_segments);
     replica.stop().await;
 }

@@ -3,14 +3,15 @@
 //! plain value the webhook and planner read; the sources that fill it (a
 //! static file, kube reflectors) live at the edge.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, OnceLock};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use crate::api::{GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, NodeTaint};
+use crate::api::{GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, NodeTaint, TrainingJobSpec};
 use crate::estimate::gpus::{self, GpuProduct};
+use crate::operator::fingerprint;
 
 pub mod reflect;
 
@@ -32,6 +33,8 @@ pub struct Snapshot {
     /// Judge staleness as of this time (seconds since the epoch) instead of
     /// now: a static file is a picture of one moment, not a live feed.
     pub as_of_unix: Option<i64>,
+    /// What real runs taught: `MemoryProfile` name → observed/estimated ratio.
+    pub profiles: Arc<HashMap<String, f64>>,
     /// `products()`, computed once per snapshot.
     products: Arc<OnceLock<Vec<ProductCount>>>,
 }
@@ -62,8 +65,24 @@ impl Snapshot {
             refreshed_unix,
             synced,
             as_of_unix,
+            profiles: Arc::default(),
             products: Arc::default(),
         }
+    }
+
+    /// The scale earlier runs of jobs shaped like `spec` put on its
+    /// estimates (its MemoryProfile's ratio; 1 without one, never below 1).
+    pub fn learnt_scale(&self, spec: &TrainingJobSpec) -> f64 {
+        if self.profiles.is_empty() {
+            return 1.0;
+        }
+        let name = fingerprint::profile_name(&fingerprint::fingerprint(spec));
+        self.profiles
+            .get(&name)
+            .copied()
+            .filter(|r| r.is_finite())
+            .unwrap_or(1.0)
+            .max(1.0)
     }
 
     /// Distinct GPU products, largest memory first (deterministic).

@@ -1,5 +1,6 @@
-//! The inventory from a live cluster: reflectors over `GpuNode` objects and
-//! over nodes carrying GPU Feature Discovery labels.
+//! The inventory from a live cluster: reflectors over `GpuNode` objects,
+//! over nodes carrying GPU Feature Discovery labels, and over the
+//! `MemoryProfile`s the operator learnt.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,16 +9,17 @@ use futures::{Future, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 use super::{GFD_PRODUCT, Snapshot, Source, merge};
-use crate::api::GpuNode;
+use crate::api::{GpuNode, MemoryProfile};
 
 /// Reads the reflectors' stores; cheap to clone.
 #[derive(Clone)]
 pub struct Reflected {
     gpu_nodes: Store<GpuNode>,
     nodes: Store<Node>,
+    profiles: Store<MemoryProfile>,
     synced: Arc<AtomicBool>,
     refreshed: Arc<AtomicI64>,
     /// Bumped after every watch event has reached its store.
@@ -37,7 +39,19 @@ impl Reflected {
             .map(|g| (**g).clone())
             .collect();
         let nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
-        Snapshot::new(merge(gpu_nodes, &nodes), None, false, None)
+        let mut snapshot = Snapshot::new(merge(gpu_nodes, &nodes), None, false, None);
+        snapshot.profiles = Arc::new(
+            self.profiles
+                .state()
+                .iter()
+                .filter_map(|p| {
+                    let s = p.status.as_ref()?;
+                    (s.observation_count > 0 && s.ratio.is_finite() && s.ratio > 0.0)
+                        .then(|| (p.name_any(), s.ratio))
+                })
+                .collect(),
+        );
+        snapshot
     }
 }
 
@@ -74,19 +88,37 @@ fn now_unix() -> i64 {
 pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 'static) {
     let (gn_reader, gn_writer) = reflector::store::<GpuNode>();
     let (node_reader, node_writer) = reflector::store::<Node>();
+    let (profile_reader, profile_writer) = reflector::store::<MemoryProfile>();
     let synced = Arc::new(AtomicBool::new(false));
     let refreshed = Arc::new(AtomicI64::new(0));
     let version = Arc::new(AtomicU64::new(0));
     let source = Reflected {
         gpu_nodes: gn_reader.clone(),
         nodes: node_reader.clone(),
+        profiles: profile_reader.clone(),
         synced: synced.clone(),
         refreshed: refreshed.clone(),
         version: version.clone(),
         cache: Arc::new(Mutex::new(None)),
     };
     let gpu_api: Api<GpuNode> = Api::all(client.clone());
-    let node_api: Api<Node> = Api::all(client);
+    let node_api: Api<Node> = Api::all(client.clone());
+    let profile_api: Api<MemoryProfile> = Api::all(client);
+    let v3 = version.clone();
+    let profile_stream = reflector::reflector(
+        profile_writer,
+        watcher(profile_api, watcher::Config::default()).default_backoff(),
+    )
+    .inspect(move |_| {
+        v3.fetch_add(1, Ordering::Release);
+    })
+    .touched_objects()
+    .for_each(|ev| {
+        if let Err(error) = ev {
+            tracing::warn!(%error, "MemoryProfile watch");
+        }
+        futures::future::ready(())
+    });
     let r1 = refreshed.clone();
     let v1 = version.clone();
     // The reflector has applied an event to its store by the time it passes it on.
@@ -126,10 +158,11 @@ pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 's
     let ready = async move {
         let _ = gn_reader.wait_until_ready().await;
         let _ = node_reader.wait_until_ready().await;
+        let _ = profile_reader.wait_until_ready().await;
         synced.store(true, Ordering::Relaxed);
     };
     let driver = async move {
-        futures::join!(gn_stream, node_stream, ready);
+        futures::join!(gn_stream, node_stream, profile_stream, ready);
     };
     (source, driver)
 }

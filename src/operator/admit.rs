@@ -14,8 +14,7 @@ use crate::api::{EstimateStatus, GpuNode, Placement, PlanStatus, ValidatedJob};
 use crate::estimate::{self, gpus};
 use crate::inventory::{self, Snapshot};
 use crate::plan::{
-    self, Allowance, GpuView, PlaceOutcome, Plan, ReservationIndex, Settings, place_scaled_in,
-    scale_bytes,
+    self, Allowance, PlaceOutcome, Plan, ReservationIndex, Settings, place_scaled_in, scale_bytes,
 };
 
 /// What the operator does with a job now.
@@ -77,17 +76,6 @@ fn admission(
     })
 }
 
-/// A GPU of `usable` bytes as a job whose estimates are `scale` times too
-/// small sees it: need × scale ≤ free ⟺ need ≤ free / scale.
-fn scaled_view(usable: u64, scale: f64) -> GpuView {
-    let bytes = if scale > 1.0 {
-        (usable as f64 / scale).floor() as u64
-    } else {
-        usable
-    };
-    GpuView::empty(bytes)
-}
-
 /// Decide for `job` over `snapshot`, given the other jobs' reservations.
 pub fn decide(
     job: &ValidatedJob,
@@ -116,7 +104,7 @@ pub fn decide(
         let mut plans: Vec<Plan> = Vec::new();
         for p in snapshot.products() {
             let catalog = p.catalog.unwrap_or_else(fallback_product);
-            let view = scaled_view(p.usable_bytes, scale);
+            let view = plan::scaled_view(p.usable_bytes, scale);
             if let Ok(plan::Shrink {
                 plan: Some(plan), ..
             }) = plan::shrink(job, catalog, view)

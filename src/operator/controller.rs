@@ -102,7 +102,6 @@ pub enum Error {
 pub struct Context {
     client: Client,
     inventory: Arc<dyn Source>,
-    profiles: profiles::Profiles,
     ledger: Mutex<Ledger>,
     /// Jobs waiting for capacity, retried when it changes.
     waiting: StdMutex<HashSet<ObjectRef<TrainingJob>>>,
@@ -305,19 +304,23 @@ async fn finish(
     Ok(Action::await_change())
 }
 
-/// The learnt scale for this job: its own, or its profile's when larger.
-fn learnt_scale(tj: &TrainingJob, ctx: &Context) -> (f64, Option<String>) {
+/// The learnt scale for this job: its own, or its profile's when larger
+/// (with the profile's name then).
+fn learnt_scale(tj: &TrainingJob, snapshot: &inventory::Snapshot) -> (f64, Option<String>) {
     let own = tj
         .status
         .as_ref()
         .and_then(|s| s.learned.as_ref())
         .map(|l| l.scale)
         .filter(|s| s.is_finite())
-        .unwrap_or(1.0);
-    let name = fingerprint::profile_name(&fingerprint::fingerprint(&tj.spec));
-    match ctx.profiles.ratio(&name) {
-        Some(r) if r > own => (r, Some(name)),
-        _ => (own.max(1.0), None),
+        .unwrap_or(1.0)
+        .max(1.0);
+    let shared = snapshot.learnt_scale(&tj.spec);
+    if shared > own {
+        let name = fingerprint::profile_name(&fingerprint::fingerprint(&tj.spec));
+        (shared, Some(name))
+    } else {
+        (own, None)
     }
 }
 
@@ -369,7 +372,6 @@ async fn pending(
 
     let key = ledger::key(tj);
     let attempt = status.oom_retries;
-    let (scale, from_profile) = learnt_scale(tj, ctx);
     let tolerations = tolerations(tj);
     let mut ledger = ctx.ledger.lock().await;
     if let Some(e) = ledger.get(&key)
@@ -380,6 +382,7 @@ async fn pending(
         return Ok(Action::await_change());
     }
     let snapshot = ctx.inventory.snapshot();
+    let (scale, from_profile) = learnt_scale(tj, &snapshot);
     let reservations = ledger.reservations(&snapshot.nodes);
     let decision = admit::decide(
         &job,
@@ -970,7 +973,7 @@ async fn attempt_failed(
             let fp = fingerprint::fingerprint(&tj.spec);
             let profile_name = fingerprint::profile_name(&fp);
             let rec = record(&found, attempt, estimated, lesson.observed_bytes);
-            if let Some(observed) = lesson.observed_bytes {
+            if let Some(observed) = lesson.observed_bytes.filter(|_| !lesson.fragmentation) {
                 let gpu = status.estimate.as_ref().and_then(|e| e.gpu.clone());
                 if let Err(error) = profiles::observe(
                     &ctx.client,
@@ -1121,7 +1124,6 @@ pub async fn run_controller(
     );
     let (kick, kicks) = mpsc::unbounded();
     let concurrency = config.concurrency;
-    let (profiles, profiles_driver) = profiles::Profiles::start(client.clone());
     let reporter = events::Reporter {
         controller: config.reporter.clone(),
         instance: config
@@ -1132,7 +1134,6 @@ pub async fn run_controller(
     let ctx = Arc::new(Context {
         client: client.clone(),
         inventory,
-        profiles,
         ledger: Mutex::new(ledger),
         waiting: StdMutex::new(HashSet::new()),
         kick,
@@ -1169,10 +1170,7 @@ pub async fn run_controller(
             }
             futures::future::ready(())
         });
-    tokio::select! {
-        _ = controller => {},
-        _ = profiles_driver => {},
-    }
+    controller.await;
     Ok(())
 }
 

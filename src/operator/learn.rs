@@ -28,6 +28,10 @@ pub struct Lesson {
     pub observed_bytes: Option<u64>,
     /// The ratio of that to the attempt's estimate.
     pub ratio: Option<f64>,
+    /// The memory was there but fragmented: the retry changes the
+    /// allocator, not the estimate, and the bound above counts the
+    /// fragments (it is no evidence about the job's real need).
+    pub fragmentation: bool,
 }
 
 /// True when the message shows the memory was there but fragmented: PyTorch
@@ -77,6 +81,7 @@ pub fn learn(
             },
             observed_bytes: observed,
             ratio,
+            fragmentation: true,
         };
     }
     let scale = (prev_scale * MIN_STEP).max(ratio.unwrap_or(0.0));
@@ -88,6 +93,7 @@ pub fn learn(
         },
         observed_bytes: observed,
         ratio,
+        fragmentation: false,
     }
 }
 
@@ -137,6 +143,7 @@ mod tests {
         assert!(fragmented(&o));
         let first = learn(&o, None, 70 * GIB, None);
         assert!(first.learned.expandable_segments);
+        assert!(first.fragmentation);
         assert_eq!(first.learned.scale, 1.0);
         let second = learn(&o, Some(&first.learned), 70 * GIB, None);
         assert!(second.learned.expandable_segments);

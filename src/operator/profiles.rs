@@ -1,15 +1,10 @@
-//! `MemoryProfile` objects: read through a reflector (the operator and the
-//! webhook look a fingerprint up per decision), written by the operator with
+//! Writing `MemoryProfile` objects: the operator adds an observation with
 //! the resourceVersion it read (retried on conflict), so concurrent
-//! observations are never lost.
+//! observations are never lost. They are read through the inventory's
+//! reflector (`Snapshot::learnt_scale`), by the operator and the webhook.
 
-use std::future::Future;
-
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use super::fingerprint;
@@ -17,56 +12,6 @@ use crate::api::{
     MAX_OBSERVATIONS, MemoryProfile, MemoryProfileSpec, MemoryProfileStatus, Observation,
     TrainingJob,
 };
-
-/// The profiles the cluster has, from a reflector.
-#[derive(Clone)]
-pub struct Profiles {
-    store: Option<Store<MemoryProfile>>,
-}
-
-impl Profiles {
-    /// No profiles (a static inventory, no API server).
-    pub fn none() -> Profiles {
-        Profiles { store: None }
-    }
-
-    /// Watch the cluster's profiles; drive the returned future.
-    pub fn start(client: Client) -> (Profiles, impl Future<Output = ()> + Send + 'static) {
-        let (reader, writer) = reflector::store::<MemoryProfile>();
-        let api: Api<MemoryProfile> = Api::all(client);
-        let driver = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default()).default_backoff(),
-        )
-        .touched_objects()
-        .for_each(|ev| {
-            if let Err(error) = ev {
-                tracing::warn!(%error, "MemoryProfile watch");
-            }
-            futures::future::ready(())
-        });
-        (
-            Profiles {
-                store: Some(reader),
-            },
-            driver,
-        )
-    }
-
-    /// The observed/estimated ratio of a profile, when it has evidence.
-    pub fn ratio(&self, name: &str) -> Option<f64> {
-        let p = self.store.as_ref()?.get(&ObjectRef::new(name))?;
-        let s = p.status.as_ref()?;
-        (s.observation_count > 0 && s.ratio.is_finite() && s.ratio > 0.0).then_some(s.ratio)
-    }
-
-    /// The ratio for a TrainingJob's fingerprint.
-    pub fn ratio_for(&self, tj: &TrainingJob) -> Option<f64> {
-        self.ratio(&fingerprint::profile_name(&fingerprint::fingerprint(
-            &tj.spec,
-        )))
-    }
-}
 
 /// Add one observation to `profile` (the status after it).
 pub fn with_observation(

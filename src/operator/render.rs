@@ -377,3 +377,168 @@ pub fn service(tj: &TrainingJob, attempt: u32) -> Result<Service, String> {
 pub fn is_multi_node(placement: &Placement) -> bool {
     nodes_of(placement).len() > 1
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{PlacedGpu, PlacedNode, TrainingJobSpec};
+
+    fn tj(template: &str) -> TrainingJob {
+        let spec: TrainingJobSpec = serde_saphyr::from_str(&format!(
+            "model: {{preset: llama-3.1-8b}}\ntraining: {{mode: lora, microBatchSize: 2, sequenceLength: 512}}\n{template}"
+        ))
+        .expect("test spec");
+        let mut tj = TrainingJob::new("train", spec);
+        tj.metadata.namespace = Some("ml".into());
+        tj.metadata.uid = Some("uid-1".into());
+        tj
+    }
+
+    fn placement(nodes: &[&str], mig: Option<&str>) -> Placement {
+        Placement {
+            node: nodes[0].into(),
+            devices: nodes
+                .iter()
+                .map(|n| PlacedNode {
+                    node: n.to_string(),
+                    gpus: vec![PlacedGpu {
+                        index: 0,
+                        mig_index: mig.map(|_| 1),
+                        mig_profile: mig.map(str::to_string),
+                        product: "NVIDIA A100-SXM4-80GB".into(),
+                    }],
+                })
+                .collect(),
+            ..Placement::default()
+        }
+    }
+
+    const WITH_AFFINITY: &str = r#"template:
+  spec:
+    affinity:
+      nodeAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+            - matchExpressions: [{key: zone, operator: In, values: [a]}]
+            - matchExpressions: [{key: zone, operator: In, values: [b]}]
+    containers:
+      - name: t
+        image: x
+        env: [{name: PYTORCH_CUDA_ALLOC_CONF, value: "max_split_size_mb:128"}, {name: VRAMGUARD_MICRO_BATCH_SIZE, value: "99"}]
+        terminationMessagePolicy: File
+"#;
+
+    #[test]
+    fn the_users_terms_keep_and_the_plan_wins() {
+        let mut plan = PlanStatus {
+            micro_batch_size: 1,
+            gradient_accumulation_steps: 2,
+            expandable_segments: true,
+            ..PlanStatus::default()
+        };
+        plan.changes = vec!["microBatchSize 2 → 1".into()];
+        let p = placement(&["n1"], None);
+        let spec = AttemptSpec {
+            attempt: 2,
+            plan: &plan,
+            placement: &p,
+            framework: Framework::Pytorch,
+            gpus: 1,
+        };
+        let job = job(&tj(WITH_AFFINITY), &spec).expect("renders");
+        assert_eq!(job.metadata.name.as_deref(), Some("train-2"));
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let terms = &pod
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 2, "the user's alternatives stay");
+        for t in terms {
+            let e = t.match_expressions.as_ref().unwrap();
+            assert_eq!(e.len(), 2);
+            assert_eq!(e[1].values.as_deref(), Some(&["n1".to_string()][..]));
+        }
+        let c = &pod.containers[0];
+        let env = |n: &str| {
+            c.env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(env("VRAMGUARD_MICRO_BATCH_SIZE").as_deref(), Some("1"));
+        assert_eq!(
+            env("PYTORCH_CUDA_ALLOC_CONF").as_deref(),
+            Some("max_split_size_mb:128,expandable_segments:True")
+        );
+        assert_eq!(c.termination_message_policy.as_deref(), Some("File"));
+        assert_eq!(
+            job.metadata.annotations.as_ref().unwrap()["vramguard.io/plan"],
+            "microBatchSize 2 → 1"
+        );
+    }
+
+    #[test]
+    fn a_mig_slice_is_asked_for_by_its_profile() {
+        let plan = PlanStatus::default();
+        let p = placement(&["n1"], Some("3g.40gb"));
+        let spec = AttemptSpec {
+            attempt: 0,
+            plan: &plan,
+            placement: &p,
+            framework: Framework::Jax,
+            gpus: 1,
+        };
+        let t = tj("template: {spec: {containers: [{name: t, image: x}]}}");
+        let job = job(&t, &spec).unwrap();
+        let c = &job.spec.unwrap().template.spec.unwrap().containers[0];
+        let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+        assert_eq!(limits["nvidia.com/mig-3g.40gb"].0, "1");
+        assert!(!limits.contains_key("nvidia.com/gpu"));
+        assert!(
+            c.env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|e| e.name == "XLA_PYTHON_CLIENT_PREALLOCATE")
+        );
+    }
+
+    #[test]
+    fn bad_templates_name_the_field() {
+        let missing = tj("");
+        assert!(
+            check_template(&missing)
+                .unwrap_err()
+                .starts_with("spec.template")
+        );
+        let empty = tj("template: {spec: {containers: []}}");
+        assert!(
+            check_template(&empty)
+                .unwrap_err()
+                .contains("spec.template.spec.containers")
+        );
+        let wrong = tj("template: {spec: {containers: [{name: t, image: 5}]}}");
+        let e = check_template(&wrong).unwrap_err();
+        assert!(e.contains("containers[0].image"), "{e}");
+    }
+
+    #[test]
+    fn job_names_stay_short_and_distinct() {
+        let long_a = "a".repeat(60);
+        let long_b = format!("{}b", "a".repeat(59));
+        let (x, y) = (job_name(&long_a, 3), job_name(&long_b, 3));
+        assert!(x.len() <= 52 && y.len() <= 52, "{x} {y}");
+        assert_ne!(x, y);
+        assert!(x.ends_with("-3"));
+        assert_eq!(job_name("short", 0), "short-0");
+    }
+}

@@ -107,6 +107,17 @@ pub fn fit(
     }
 }
 
+/// A GPU of `usable` bytes, empty, as a job whose estimates are `scale`
+/// times too small sees it: need × scale ≤ free ⟺ need ≤ free / scale.
+pub fn scaled_view(usable: u64, scale: f64) -> GpuView {
+    let bytes = if scale > 1.0 {
+        (usable as f64 / scale).floor() as u64
+    } else {
+        usable
+    };
+    GpuView::empty(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

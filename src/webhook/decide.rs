@@ -11,7 +11,7 @@ use super::review::{ReadJob, Request};
 use crate::api::{self, ValidatedJob};
 use crate::estimate::{GIB, gpus};
 use crate::inventory::{ProductCount, Snapshot};
-use crate::plan::{self, GpuView, PlaceOutcome, Shrink};
+use crate::plan::{self, PlaceOutcome, Shrink};
 
 /// Longest denial message we send (the API server shows it to the user whole).
 pub const MAX_MESSAGE: usize = 1024;
@@ -148,6 +148,8 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
     }
     let gpus_needed = job.spec.parallelism.gpus;
     let single_node = gpus_needed <= job.gpus_per_node;
+    // What earlier runs of jobs of this shape proved the estimate misses.
+    let scale = snapshot.learnt_scale(&job.spec);
     let fallback = gpus::find("h100-80gb").expect("the catalog has h100-80gb");
     // Enough GPUs of a product to host every rank.
     let eligible: Vec<&ProductCount> = products
@@ -173,10 +175,12 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
             est.status.per_gpu_bytes,
             est.status.largest_tensor_bytes,
             job.spec.fit_policy.safety_margin,
-            GpuView::empty(p.usable_bytes),
+            plan::scaled_view(p.usable_bytes, scale),
         );
         if v.fits {
-            let warnings = busy_warning(&job, snapshot, now).into_iter().collect();
+            let warnings = busy_warning(&job, snapshot, now, scale)
+                .into_iter()
+                .collect();
             return allow(Reason::Fits, warnings);
         }
     }
@@ -184,7 +188,7 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
     let mut answers = Vec::new();
     for p in eligible {
         let catalog = p.catalog.unwrap_or(fallback);
-        match plan::shrink(&job, catalog, GpuView::empty(p.usable_bytes)) {
+        match plan::shrink(&job, catalog, plan::scaled_view(p.usable_bytes, scale)) {
             Ok(shrink) => answers.push(ProductAnswer { product: p, shrink }),
             Err(e) => return deny(Reason::InvalidSpec, e.to_string()),
         }
@@ -205,7 +209,7 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
             a.product.product,
             p.changes.join(", ")
         )];
-        if let Some(w) = busy_warning(&p.apply(&job), snapshot, now) {
+        if let Some(w) = busy_warning(&p.apply(&job), snapshot, now, scale) {
             warnings.push(w);
         }
         return allow(Reason::FitsAfterChange, warnings);
@@ -224,6 +228,7 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
             })
         })
         .unwrap_or(0);
+    let need = plan::scale_bytes(need, scale);
     let mut msg = format!(
         "TrainingJob {} needs {} per GPU (with the {:.0} % safety margin) on {} GPU{}; the biggest GPU in this cluster is {} with {} usable",
         req.name,
@@ -234,6 +239,11 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
         biggest.product,
         gib(biggest.usable_bytes),
     );
+    if scale > 1.0 {
+        msg.push_str(&format!(
+            " (the estimate is raised ×{scale:.2}: jobs of this shape ran out of GPU memory before; kubectl get memoryprofiles)"
+        ));
+    }
     if answers.is_empty() {
         msg.push_str(&format!(
             "; no GPU product here has {gpus_needed} GPUs{}",
@@ -253,8 +263,13 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
 }
 
 /// A warning when the job fits an empty GPU but no node has room now.
-fn busy_warning(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Option<String> {
-    match plan::place(job, &snapshot.nodes[..], &[], &[], now) {
+fn busy_warning(
+    job: &ValidatedJob,
+    snapshot: &Snapshot,
+    now: Timestamp,
+    scale: f64,
+) -> Option<String> {
+    match plan::place_scaled(job, &snapshot.nodes[..], &[], &[], now, scale) {
         Ok(PlaceOutcome::Placed(_)) => None,
         Ok(PlaceOutcome::Wait { reason }) => {
             Some(format!("cluster busy now, the job will wait: {reason}"))
