@@ -5,7 +5,8 @@
 //! Rules:
 //! - a node is skipped when its data is stale (no `probeTime`, or older than
 //!   `ttlSeconds` at `now`) or it has a `NoSchedule`/`NoExecute` taint whose
-//!   key the job does not tolerate; unhealthy GPUs are skipped;
+//!   key the job does not tolerate (`*` tolerates every key); unhealthy GPUs
+//!   are skipped;
 //! - a GPU offers its probed free memory minus the reservations on it, and a
 //!   largest block no larger than that; MIG slices take single-GPU jobs only
 //!   (NCCL does not run across MIG devices), a GPU split into slices is not
@@ -330,7 +331,11 @@ impl<'a> Placer<'a> {
         }
         if let Some(t) = node.spec.taints.iter().find(|t| {
             matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
-                && !self.request.tolerations.contains(&t.key)
+                && !self
+                    .request
+                    .tolerations
+                    .iter()
+                    .any(|k| k == &t.key || k == "*")
         }) {
             let value = t
                 .value
@@ -849,6 +854,14 @@ mod tests {
         let tolerations = ["dedicated".to_string()];
         let req = Request {
             tolerations: &tolerations,
+            ..request(1, 1)
+        };
+        let out = place_with(&req, &nodes, &[], &mut need_gib(10));
+        assert_eq!(out.assignment().expect("placed").nodes[0].node, "tainted");
+        // `*`: a toleration with no key and `Exists` tolerates every taint.
+        let everything = ["*".to_string()];
+        let req = Request {
+            tolerations: &everything,
             ..request(1, 1)
         };
         let out = place_with(&req, &nodes, &[], &mut need_gib(10));
