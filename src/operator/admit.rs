@@ -44,19 +44,19 @@ fn fallback_product() -> &'static gpus::GpuProduct {
     gpus::find("h100-80gb").expect("the catalog has h100-80gb")
 }
 
+/// The catalog entry of the placement's first GPU (its MIG slice when on
+/// one); None when the catalog does not know the product.
+pub fn placed_catalog(placement: &Placement) -> Option<&'static gpus::GpuProduct> {
+    let g = placement.devices.first()?.gpus.first()?;
+    g.mig_profile
+        .as_deref()
+        .and_then(|p| inventory::catalog_product(&format!("{} {p}", g.product)))
+        .or_else(|| inventory::catalog_product(&g.product))
+}
+
 /// The GPU product the estimate of a placement is reported for.
 fn placed_product(placement: &Placement) -> &'static gpus::GpuProduct {
-    placement
-        .devices
-        .first()
-        .and_then(|n| n.gpus.first())
-        .and_then(|g| {
-            g.mig_profile
-                .as_deref()
-                .and_then(|p| inventory::catalog_product(&format!("{} {p}", g.product)))
-                .or_else(|| inventory::catalog_product(&g.product))
-        })
-        .unwrap_or_else(fallback_product)
+    placed_catalog(placement).unwrap_or_else(fallback_product)
 }
 
 fn admission(

@@ -45,7 +45,7 @@ use super::admit::{self, Decision};
 use super::conditions::{self as cond, truncate};
 use super::events::{self, Kind};
 use super::ledger::{self, Entry, Ledger};
-use super::oom::{self, Failure, GpuOom};
+use super::oom::{self, Failure};
 use super::render::{self, ATTEMPT_LABEL, AttemptSpec, JOB_LABEL};
 use super::{fingerprint, learn, profiles};
 use crate::api::{self, OomRecord, Phase, TrainingJob, TrainingJobStatus, ValidatedJob};
@@ -436,9 +436,12 @@ async fn pending(
             let mut placement = a.placement.clone();
             placement.reserved_bytes_per_gpu = a.reserved_bytes_per_gpu;
             let where_ = placement_words(&placement);
+            let per_gpu = format!(
+                "{} GiB",
+                estimate::gib(scale_bytes(a.estimate.per_gpu_bytes, scale))
+            );
             let message = format!(
-                "{where_}: {} per GPU estimated{}{}",
-                estimate::gib(scale_bytes(a.estimate.per_gpu_bytes, scale)) + " GiB",
+                "{where_}: {per_gpu} per GPU estimated{}{}",
                 if scale > 1.0 {
                     format!(" (×{scale:.2} learnt)")
                 } else {
@@ -451,10 +454,7 @@ async fn pending(
                 }
             );
             status.phase = Some(Phase::Admitted);
-            status.per_gpu = Some(format!(
-                "{} GiB",
-                estimate::gib(scale_bytes(a.estimate.per_gpu_bytes, scale))
-            ));
+            status.per_gpu = Some(per_gpu);
             status.estimate = Some(a.estimate.clone());
             status.plan = Some(plan);
             status.placement = Some(placement.clone());
@@ -792,24 +792,10 @@ fn terminated(cs: &ContainerStatus) -> Option<(Option<String>, i32, String)> {
 
 fn rank(f: &Failure) -> usize {
     match f {
-        Failure::GpuOom(o) => 10 + numbers(o),
+        Failure::GpuOom(o) => 10 + o.known(),
         Failure::HostOom { .. } => 1,
         Failure::Other { .. } => 0,
     }
-}
-
-fn numbers(o: &GpuOom) -> usize {
-    [
-        o.tried_bytes,
-        o.total_bytes,
-        o.free_bytes,
-        o.allocated_by_framework_bytes,
-        o.reserved_by_framework_bytes,
-        o.process_in_use_bytes,
-    ]
-    .iter()
-    .filter(|n| n.is_some())
-    .count()
 }
 
 async fn find_failure(ctx: &Context, ns: &str, tj_name: &str, attempt: u32) -> Option<Found> {
@@ -904,12 +890,6 @@ fn record(found: &Found, attempt: u32, estimated: u64, observed: Option<u64>) ->
     r
 }
 
-/// Memory one GPU of the placement offers a process, from the catalog.
-fn placed_usable(status: &TrainingJobStatus) -> Option<u64> {
-    let g = status.placement.as_ref()?.devices.first()?.gpus.first()?;
-    inventory::catalog_product(&g.product).map(|p| p.usable_bytes())
-}
-
 async fn attempt_failed(
     api: &Api<TrainingJob>,
     tj: &Arc<TrainingJob>,
@@ -993,7 +973,11 @@ async fn attempt_failed(
                 o,
                 status.learned.as_ref(),
                 estimated,
-                placed_usable(&status),
+                status
+                    .placement
+                    .as_ref()
+                    .and_then(admit::placed_catalog)
+                    .map(|p| p.usable_bytes()),
             );
             let fp = fingerprint::fingerprint(&tj.spec);
             let profile_name = fingerprint::profile_name(&fp);

@@ -120,7 +120,7 @@ impl GpuOom {
     }
 
     /// How many of the numbers the message gave.
-    fn known(&self) -> usize {
+    pub fn known(&self) -> usize {
         [
             self.tried_bytes,
             self.total_bytes,

@@ -155,11 +155,6 @@ impl Assignment {
                 .unwrap_or(0),
         }
     }
-
-    /// What this placement holds on each GPU until the job ends.
-    pub fn reservations(&self) -> Vec<Reservation> {
-        reservations_of(&self.to_status())
-    }
 }
 
 /// The placement decision.
