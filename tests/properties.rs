@@ -53,10 +53,13 @@ fn transformer_model() -> impl Strategy<Value = ModelSpec> {
         prop_oneof![Just(0u64), 512u64..=8192],
         prop::option::of(1u64..=48), // decoder layers
     );
-    (shape, flavour).prop_map(
+    // Parallel block, post norms, attention and logit soft-capping.
+    let extras = prop::array::uniform4(prop::option::of(any::<bool>()));
+    (shape, flavour, extras).prop_map(
         |(
             (layers, heads, width, group, inter, vocab),
             (kind, mlp, tied, (experts, per_token), norm, bias, positions, decoder),
+            [parallel, post, attn_cap, logit_cap],
         )| {
             let hidden = heads * width;
             // The largest divisor of heads not above heads / group.
@@ -81,6 +84,10 @@ fn transformer_model() -> impl Strategy<Value = ModelSpec> {
                     norm,
                     bias,
                     max_positions: positions,
+                    parallel_block: parallel,
+                    post_norms: post,
+                    attention_softcap: attn_cap,
+                    final_logit_softcap: logit_cap,
                     ..TransformerSpec::default()
                 }),
                 ..ModelSpec::default()

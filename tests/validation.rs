@@ -3,7 +3,7 @@
 //! nothing a user can write makes the parser or validator panic.
 
 use vramguard::api::parse::{self, ParseError, documents, training_job};
-use vramguard::api::{FieldError, ValidatedJob, validate};
+use vramguard::api::{FieldError, ResolvedModel, ValidatedJob, validate_job};
 
 /// A TrainingJob document around `spec` (the spec's YAML, indented by 2).
 fn job(spec: &str) -> String {
@@ -27,7 +27,7 @@ fn check(text: &str) -> Result<ValidatedJob, Vec<FieldError>> {
         .next()
         .expect("one document, checked above");
     match training_job(doc) {
-        Ok(tj) => validate(&tj.spec).map_err(|e| e.0),
+        Ok(tj) => validate_job(&tj).map_err(|e| e.0),
         Err(ParseError::Fields(errs)) => Err(errs),
         Err(other) => panic!("expected field errors, got {other:?}\n{text}"),
     }
@@ -611,4 +611,79 @@ fn odd_inputs_never_panic() {
 #[should_panic(expected = "expected this spec to be rejected")]
 fn errors_panics_on_a_valid_spec() {
     errors(&job(BASE));
+}
+
+/// A TrainingJob with the preset-hint annotation around `spec`.
+fn hinted(hint: &str, spec: &str) -> String {
+    job(spec).replacen(
+        "  name: t\n",
+        &format!("  name: t\n  annotations:\n    vramguard.io/preset-hint: {hint}\n"),
+        1,
+    )
+}
+
+const PHI_DIMS: &str = "\
+model:
+  transformer: {layers: 24, hiddenSize: 2048, attentionHeads: 32, intermediateSize: 8192, vocabSize: 51200, mlp: standard}
+training: {mode: lora, microBatchSize: 1, sequenceLength: 1024}
+";
+
+fn arch_of(job: &ValidatedJob) -> vramguard::estimate::arch::Arch {
+    match &job.model {
+        ResolvedModel::Transformer(a) => *a,
+        other => panic!("expected a transformer, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_preset_hint_supplies_what_dims_cannot_say() {
+    let plain = check(&job(PHI_DIMS)).expect("valid");
+    assert!(!arch_of(&plain).parallel_block);
+    let hinted_job = check(&hinted("phi-1.5", PHI_DIMS)).expect("valid");
+    assert!(
+        arch_of(&hinted_job).parallel_block,
+        "phi-1.5 is a parallel block"
+    );
+    // What the spec spells out wins over the preset.
+    let spelled = PHI_DIMS.replace("mlp: standard}", "mlp: standard, parallelBlock: false}");
+    let job = check(&hinted("phi-1.5", &spelled)).expect("valid");
+    assert!(!arch_of(&job).parallel_block);
+    // Gemma 2's soft-capping and post norms come with its name.
+    let gemma = "\
+model:
+  transformer: {layers: 26, hiddenSize: 2304, attentionHeads: 8, kvHeads: 4, headDim: 256, intermediateSize: 9216, vocabSize: 256000, mlp: gated}
+training: {mode: lora, microBatchSize: 1, sequenceLength: 512}
+";
+    let a = arch_of(&check(&hinted("google/gemma-2-2b", gemma)).expect("valid"));
+    assert!(a.post_norms && a.attention_softcap && a.final_softcap);
+}
+
+#[test]
+fn a_preset_hint_that_does_not_match_is_an_error() {
+    let errs = errors(&hinted("llama-2-7b", PHI_DIMS));
+    assert_eq!(
+        paths(&errs),
+        ["metadata.annotations[vramguard.io/preset-hint]"]
+    );
+    assert!(
+        errs[0]
+            .reason
+            .contains("hiddenSize 2048 (the preset: 4096)"),
+        "{}",
+        errs[0].reason
+    );
+    let errs = errors(&hinted("phi-9", PHI_DIMS));
+    assert!(
+        errs[0].reason.contains("unknown preset \"phi-9\""),
+        "{}",
+        errs[0].reason
+    );
+    let errs = errors(&hinted("phi-2", "model: {preset: gpt2}"));
+    assert!(
+        errs[0].reason.contains("only with spec.model.transformer"),
+        "{}",
+        errs[0].reason
+    );
+    // The hint naming the preset the spec uses is redundant, not wrong.
+    check(&hinted("gpt2", "model: {preset: gpt2}")).expect("valid");
 }

@@ -11,4 +11,7 @@ pub mod validate;
 pub use gpu_node::*;
 pub use memory_profile::*;
 pub use training_job::*;
-pub use validate::{FieldError, ResolvedModel, ValidatedJob, ValidationErrors, validate};
+pub use validate::{
+    FieldError, PRESET_HINT_ANNOTATION, ResolvedModel, ValidatedJob, ValidationErrors, validate,
+    validate_job,
+};

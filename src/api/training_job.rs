@@ -151,6 +151,23 @@ pub struct TransformerSpec {
     /// Learned absolute position embeddings (rows); 0 for rotary.
     #[serde(default)]
     pub max_positions: u64,
+    /// Attention and MLP read one normed input side by side (GPT-J, NeoX,
+    /// Phi, Falcon); default: false, or the preset named by the
+    /// `vramguard.io/preset-hint` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_block: Option<bool>,
+    /// Extra norms after attention and after the MLP (Gemma 2); default:
+    /// false, or the hinted preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_norms: Option<bool>,
+    /// Attention scores are tanh soft-capped (Gemma 2), so attention runs
+    /// eagerly and keeps its score matrices; default: false, or the hinted preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_softcap: Option<bool>,
+    /// Logits are tanh soft-capped before the loss (Gemma 2); default: false,
+    /// or the hinted preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcap: Option<bool>,
 }
 
 /// decoder | encoder | encoder-decoder.

@@ -138,13 +138,37 @@ fn count_from_f64(errs: &mut Errors, path: &str, v: f64, min: f64, max: f64) -> 
     Some(v.round() as u64)
 }
 
+/// Annotation naming the catalog model a spelled-out `transformer` is: the
+/// facts its dims cannot say (block layout, norms, soft-capping) come from
+/// that preset unless the spec sets them.
+pub const PRESET_HINT_ANNOTATION: &str = "vramguard.io/preset-hint";
+
 /// Validate a spec; all problems at once.
 pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors> {
+    validate_hinted(spec, None)
+}
+
+/// Validate a TrainingJob: its spec, read with the `vramguard.io/preset-hint`
+/// annotation when there is one.
+pub fn validate_job(tj: &TrainingJob) -> Result<ValidatedJob, ValidationErrors> {
+    let hint = tj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PRESET_HINT_ANNOTATION))
+        .map(String::as_str);
+    validate_hinted(&tj.spec, hint)
+}
+
+fn validate_hinted(
+    spec: &TrainingJobSpec,
+    hint: Option<&str>,
+) -> Result<ValidatedJob, ValidationErrors> {
     let mut errs = Errors(Vec::new());
     let t = &spec.training;
     let p = &spec.parallelism;
 
-    let (model, model_name) = resolve_model(&mut errs, &spec.model);
+    let (model, model_name) = resolve_model(&mut errs, &spec.model, hint);
 
     // Head.
     // Layer lists and vision presets carry their own classifier.
@@ -503,7 +527,11 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors
     })
 }
 
-fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, String) {
+fn resolve_model(
+    errs: &mut Errors,
+    m: &ModelSpec,
+    hint: Option<&str>,
+) -> (Option<ResolvedModel>, String) {
     let given: Vec<&str> = [
         ("preset", m.preset.is_some()),
         ("transformer", m.transformer.is_some()),
@@ -534,6 +562,35 @@ fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, St
             );
             return (None, String::new());
         }
+    }
+    let hinted = match hint {
+        None => None,
+        Some(h) => match presets::find(h) {
+            Some(p) => Some(p),
+            None => {
+                errs.push(
+                    HINT_PATH,
+                    format!(
+                        "unknown preset {h:?}; known: {}",
+                        presets::names().collect::<Vec<_>>().join(", ")
+                    ),
+                );
+                return (None, String::new());
+            }
+        },
+    };
+    if let Some(h) = hinted
+        && m.transformer.is_none()
+        && m.preset.as_deref().and_then(presets::find).map(|p| p.name) != Some(h.name)
+    {
+        errs.push(
+            HINT_PATH,
+            format!(
+                "names {} but is read only with spec.model.transformer (or the same spec.model.preset)",
+                h.name
+            ),
+        );
+        return (None, String::new());
     }
     if let Some(name) = &m.preset {
         if let Some(p) = presets::find(name) {
@@ -568,7 +625,7 @@ fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, St
         };
     }
     if let Some(t) = &m.transformer {
-        let arch = transformer_arch(errs, t);
+        let arch = transformer_arch(errs, t, hinted);
         let name = format!("transformer {}×{}", t.layers, t.hidden_size);
         return (arch.map(ResolvedModel::Transformer), name);
     }
@@ -652,7 +709,40 @@ fn resolve_model(errs: &mut Errors, m: &ModelSpec) -> (Option<ResolvedModel>, St
     (None, String::new())
 }
 
-fn transformer_arch(errs: &mut Errors, t: &TransformerSpec) -> Option<Arch> {
+const HINT_PATH: &str = "metadata.annotations[vramguard.io/preset-hint]";
+
+/// The dims a spelled-out transformer shares with `preset`, or what differs.
+fn hint_mismatches(a: &Arch, p: &presets::Preset) -> Vec<String> {
+    let b = &p.arch;
+    let dims = [
+        ("layers", a.layers, b.layers),
+        ("hiddenSize", a.hidden, b.hidden),
+        ("attentionHeads", a.heads, b.heads),
+        ("kvHeads", a.kv_heads, b.kv_heads),
+        ("headDim", a.head_dim, b.head_dim),
+        ("intermediateSize", a.intermediate, b.intermediate),
+        ("vocabSize", a.vocab, b.vocab),
+        ("experts", a.experts, b.experts),
+    ];
+    let mut out: Vec<String> = dims
+        .iter()
+        .filter(|(_, ours, theirs)| ours != theirs)
+        .map(|(name, ours, theirs)| format!("{name} {ours} (the preset: {theirs})"))
+        .collect();
+    if a.mlp != b.mlp {
+        out.push(format!("mlp {:?} (the preset: {:?})", a.mlp, b.mlp).to_lowercase());
+    }
+    if a.kind != b.kind {
+        out.push(format!("kind {:?} (the preset: {:?})", a.kind, b.kind).to_lowercase());
+    }
+    out
+}
+
+fn transformer_arch(
+    errs: &mut Errors,
+    t: &TransformerSpec,
+    hint: Option<&presets::Preset>,
+) -> Option<Arch> {
     let before = errs.0.len();
     let path = "spec.model.transformer";
     const MAX_DIM: u64 = 1 << 24;
@@ -748,7 +838,7 @@ fn transformer_arch(errs: &mut Errors, t: &TransformerSpec) -> Option<Arch> {
         None if mlp == Mlp::Gated => Norm::RmsNorm,
         None => Norm::LayerNorm,
     };
-    Some(Arch {
+    let mut arch = Arch {
         kind: match t.kind {
             TransformerKind::Decoder => Kind::Decoder,
             TransformerKind::Encoder => Kind::Encoder,
@@ -771,8 +861,35 @@ fn transformer_arch(errs: &mut Errors, t: &TransformerSpec) -> Option<Arch> {
         linear_bias: t.bias,
         max_positions: t.max_positions,
         type_vocab: 0,
-        parallel_block: false,
-    })
+        parallel_block: t.parallel_block.unwrap_or(false),
+        post_norms: t.post_norms.unwrap_or(false),
+        attention_softcap: t.attention_softcap.unwrap_or(false),
+        final_softcap: t.final_logit_softcap.unwrap_or(false),
+    };
+    if let Some(p) = hint {
+        let differ = hint_mismatches(&arch, p);
+        if !differ.is_empty() {
+            errs.push(
+                HINT_PATH,
+                format!(
+                    "names {} but spec.model.transformer differs: {}",
+                    p.name,
+                    differ.join(", ")
+                ),
+            );
+            return None;
+        }
+        // What the dims cannot say comes from the preset unless spelled out.
+        let b = &p.arch;
+        if t.norm.is_none() {
+            arch.norm = b.norm;
+        }
+        arch.parallel_block = t.parallel_block.unwrap_or(b.parallel_block);
+        arch.post_norms = t.post_norms.unwrap_or(b.post_norms);
+        arch.attention_softcap = t.attention_softcap.unwrap_or(b.attention_softcap);
+        arch.final_softcap = t.final_logit_softcap.unwrap_or(b.final_softcap);
+    }
+    Some(arch)
 }
 
 /// The YAML spelling of a quantization.

@@ -356,7 +356,7 @@ pub fn reports_from_text(
         };
         let result = parse::training_job(doc)
             .map_err(|e| e.to_string())
-            .and_then(|tj| api::validate(&tj.spec).map_err(|e| e.to_string()))
+            .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
             .and_then(|job| report(&job, name.clone(), targets));
         out.push(result.map_err(|message| DocumentError {
             location: location.clone(),

@@ -87,6 +87,45 @@ fn norm(a: &Arch, c: &ActContext) -> f64 {
     input + weight_grad + normed
 }
 
+/// Saved bytes of a norm whose output feeds a residual add, not a linear
+/// (Gemma 2's post-attention and post-MLP norms).
+fn post_norm(a: &Arch, c: &ActContext) -> f64 {
+    let h = a.hidden as f64;
+    let upcast = match a.norm {
+        Norm::RmsNorm => c.elem < 4.0,
+        Norm::LayerNorm => c.mixed,
+    };
+    let input = if upcast { 4.0 * h } else { c.elem * h };
+    let weight_grad =
+        if upcast && (c.weights_trainable || c.scaled_linears) && a.norm == Norm::RmsNorm {
+            4.0 * h
+        } else {
+            0.0
+        };
+    input + weight_grad
+}
+
+/// Per token, the score matrices eager attention keeps: the fp32 softmax
+/// output and its 16-bit cast, plus the tanh output when scores are soft-capped.
+/// Zero for fused kernels.
+fn score_bytes(a: &Arch, c: &ActContext) -> f64 {
+    if attention_kind(a, c) != Attention::Eager {
+        return 0.0;
+    }
+    let e = c.elem;
+    let softcap = if a.attention_softcap { e } else { 0.0 };
+    (4.0 + e + softcap) * a.heads as f64 * c.sequence
+}
+
+/// The attention path that runs: soft-capped scores need the eager one.
+fn attention_kind(a: &Arch, c: &ActContext) -> Attention {
+    if a.attention_softcap {
+        Attention::Eager
+    } else {
+        c.attention
+    }
+}
+
 /// Bytes a quantized linear keeps: bitsandbytes' Linear4bit/Linear8bitLt cast
 /// their input to the compute dtype (fp32 unless configured) and the matmul
 /// function saves that cast copy, one per linear module.
@@ -121,10 +160,10 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
     let q = (a.heads * a.head_dim) as f64;
     let kv = (a.kv_heads * a.head_dim) as f64;
     let heads = a.heads as f64;
-    let mut bytes = match c.attention {
+    let mut bytes = match attention_kind(a, c) {
         // Eager attention repeats K/V to all heads and keeps the fp32
         // softmax output and its 16-bit cast, s per head per token.
-        Attention::Eager => e * 3.0 * q + (4.0 + e) * heads * c.sequence,
+        Attention::Eager => e * 3.0 * q + score_bytes(a, c),
         // PyTorch SDPA callers repeat K/V to every query head (GQA) and the
         // kernel keeps q, k, v, the output and an fp32 log-sum-exp.
         Attention::Sdpa => e * 3.0 * q + 4.0 * heads,
@@ -199,8 +238,13 @@ fn scaled_outputs(a: &Arch, c: &ActContext) -> f64 {
 /// Bytes per token one full (not checkpointed) block keeps for backward.
 pub fn block_bytes_per_token(a: &Arch, c: &ActContext, decoder_block: bool) -> f64 {
     let norms = if a.parallel_block { 1.0 } else { 2.0 };
+    let post = if a.post_norms {
+        2.0 * post_norm(a, c)
+    } else {
+        0.0
+    };
     let mut parts = Parts {
-        outer: norms * norm(a, c),
+        outer: norms * norm(a, c) + post,
         inner: attention(a, c) + mlp(a, c) + scaled_outputs(a, c),
     };
     if decoder_block && a.kind == Kind::EncoderDecoder {
@@ -240,10 +284,7 @@ pub fn kept_bytes_per_token(
             let full = block_bytes_per_token(a, c, decoder_block);
             let e = c.elem;
             let tp = c.tensor_parallel.max(1.0);
-            let scores = match c.attention {
-                Attention::Eager => (4.0 + e) * a.heads as f64 * c.sequence,
-                _ => 0.0,
-            };
+            let scores = score_bytes(a, c);
             let k = if a.experts > 0 {
                 a.experts_per_token as f64
             } else {

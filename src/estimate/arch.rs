@@ -60,6 +60,16 @@ pub struct Arch {
     pub type_vocab: u64,
     /// Attention and MLP read the same normed input (GPT-J, NeoX, Phi, Falcon).
     pub parallel_block: bool,
+    /// Extra norms after attention and after the MLP, before each residual
+    /// add (Gemma 2's sandwich norms).
+    pub post_norms: bool,
+    /// Attention scores pass through `tanh(s / cap) * cap` (Gemma 2): no
+    /// fused kernel takes that, so attention runs eagerly and keeps the
+    /// score matrices.
+    pub attention_softcap: bool,
+    /// Logits pass through `tanh(z / cap) * cap` before the loss, which
+    /// keeps the tanh output per token for backward.
+    pub final_softcap: bool,
 }
 
 impl Arch {
@@ -95,6 +105,9 @@ impl Arch {
             max_positions: 0,
             type_vocab: 0,
             parallel_block: false,
+            post_norms: false,
+            attention_softcap: false,
+            final_softcap: false,
         }
     }
 }

@@ -82,6 +82,19 @@ impl Reader<'_> {
         }
     }
 
+    /// A soft-capping threshold: a positive number turns it on, null off.
+    fn softcap(&mut self, key: &str, default: bool) -> bool {
+        match self.map.get(key) {
+            None => default,
+            Some(Value::Null) => false,
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|v| v > 0.0 && v.is_finite()) => true,
+            Some(v) => {
+                self.err(key, format!("must be a positive number or null, got {v}"));
+                false
+            }
+        }
+    }
+
     fn text(&mut self, key: &str) -> Option<String> {
         match self.map.get(key) {
             None | Some(Value::Null) => None,
@@ -138,6 +151,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 max_positions: 0,
                 type_vocab: 0,
                 parallel_block: true,
+                post_norms: false,
+                attention_softcap: false,
+                final_softcap: false,
             }
         }
         "gpt2" => {
@@ -162,6 +178,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 max_positions: r.dim(&["n_positions"], Some(1024)),
                 type_vocab: 0,
                 parallel_block: false,
+                post_norms: false,
+                attention_softcap: false,
+                final_softcap: false,
             }
         }
         "gpt_neox" => {
@@ -186,6 +205,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 max_positions: 0,
                 type_vocab: 0,
                 parallel_block: r.flag("use_parallel_residual", true),
+                post_norms: false,
+                attention_softcap: false,
+                final_softcap: false,
             }
         }
         "falcon" => {
@@ -220,6 +242,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 max_positions: 0,
                 type_vocab: 0,
                 parallel_block: r.flag("parallel_attn", true),
+                post_norms: false,
+                attention_softcap: false,
+                final_softcap: false,
             }
         }
         "bert" | "roberta" => {
@@ -244,6 +269,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 max_positions: r.dim(&["max_position_embeddings"], Some(512)),
                 type_vocab: r.dim(&["type_vocab_size"], Some(2)),
                 parallel_block: false,
+                post_norms: false,
+                attention_softcap: false,
+                final_softcap: false,
             }
         }
         "t5" => {
@@ -274,6 +302,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 max_positions: 0,
                 type_vocab: 0,
                 parallel_block: false,
+                post_norms: false,
+                attention_softcap: false,
+                final_softcap: false,
             }
         }
         other => {
@@ -345,6 +376,10 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
         _ => (0, 0, r.dim(&["intermediate_size"], None)),
     };
     let qkv_bias = matches!(model_type, "qwen2" | "qwen2_moe");
+    let gemma2 = model_type == "gemma2";
+    // Gemma 2 soft-caps by default (Gemma2Config: 50 and 30); null turns it off.
+    let attention_softcap = r.softcap("attn_logit_softcapping", gemma2);
+    let final_softcap = r.softcap("final_logit_softcapping", gemma2);
     Arch {
         kind: Kind::Decoder,
         layers,
@@ -365,6 +400,9 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
         max_positions: 0,
         type_vocab: 0,
         parallel_block: false,
+        post_norms: gemma2,
+        attention_softcap,
+        final_softcap,
     }
 }
 
@@ -421,6 +459,27 @@ mod tests {
         assert!(paths.contains(&"spec.model.hfConfig.num_hidden_layers"));
         assert!(paths.contains(&"spec.model.hfConfig.hidden_size"));
         assert!(paths.contains(&"spec.model.hfConfig.intermediate_size"));
+    }
+
+    #[test]
+    fn gemma2_config_matches_the_preset_and_null_turns_softcapping_off() {
+        let mut v = serde_json::json!({
+            "model_type": "gemma2", "num_hidden_layers": 26, "hidden_size": 2304,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+            "intermediate_size": 9216, "vocab_size": 256000,
+            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0
+        });
+        let arch = arch_from_config(&config(v.clone())).unwrap();
+        assert_eq!(arch, presets::find("gemma-2-2b").unwrap().arch);
+        v["attn_logit_softcapping"] = Value::Null;
+        let arch = arch_from_config(&config(v.clone())).unwrap();
+        assert!(!arch.attention_softcap && arch.final_softcap && arch.post_norms);
+        v["final_logit_softcapping"] = serde_json::json!("thirty");
+        let errs = arch_from_config(&config(v)).unwrap_err();
+        assert!(
+            format!("{errs:?}").contains("final_logit_softcapping"),
+            "{errs:?}"
+        );
     }
 
     #[test]

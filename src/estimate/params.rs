@@ -84,7 +84,7 @@ pub fn count(a: &Arch, head: Head, num_labels: u64) -> Option<Counts> {
     let (attn_m, attn_s, attn_l) = attention(a)?;
     let (mlp_m, mlp_s, mlp_l) = mlp(a)?;
     let norm = norm_params(a)?;
-    let norms_per_block = if a.parallel_block { 1 } else { 2 };
+    let norms_per_block = if a.parallel_block { 1 } else { 2 } + if a.post_norms { 2 } else { 0 };
 
     let enc_block_m = add(attn_m, mlp_m)?;
     let enc_block_s = add(add(attn_s, mlp_s)?, mul(norm, norms_per_block)?)?;

@@ -46,6 +46,9 @@ const fn gpt2(layers: u64, hidden: u64, heads: u64) -> Arch {
         max_positions: 1024,
         type_vocab: 0,
         parallel_block: false,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
     }
 }
 
@@ -80,6 +83,9 @@ const fn bert(
         max_positions,
         type_vocab,
         parallel_block: false,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
     }
 }
 
@@ -131,6 +137,9 @@ const fn phi(layers: u64, hidden: u64, heads: u64, intermediate: u64) -> Arch {
         max_positions: 0,
         type_vocab: 0,
         parallel_block: true,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
     }
 }
 
@@ -157,6 +166,40 @@ const fn neox(layers: u64, hidden: u64, heads: u64, vocab: u64) -> Arch {
         max_positions: 0,
         type_vocab: 0,
         parallel_block: true,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+    }
+}
+
+/// Gemma 2: a Llama-shaped decoder (GeGLU, RMSNorm, tied head) with norms
+/// after attention and the MLP and tanh soft-capping of the attention scores
+/// and the final logits.
+#[allow(clippy::too_many_arguments)]
+const fn gemma2(
+    layers: u64,
+    hidden: u64,
+    heads: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    intermediate: u64,
+    vocab: u64,
+    tied: bool,
+) -> Arch {
+    Arch {
+        post_norms: true,
+        attention_softcap: true,
+        final_softcap: true,
+        ..Arch::llama(
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            tied,
+        )
     }
 }
 
@@ -183,6 +226,9 @@ const fn t5(layers: u64, hidden: u64, heads: u64, intermediate: u64) -> Arch {
         max_positions: 0,
         type_vocab: 0,
         parallel_block: false,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
     }
 }
 
@@ -473,7 +519,7 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "google/gemma-2-2b",
         // Includes Gemma 2's post-attention and post-MLP norms (2 x 2304 per layer).
         published_parameters: 2_614_341_888,
-        arch: Arch::llama(26, 2304, 8, 4, 256, 9216, 256000, true),
+        arch: gemma2(26, 2304, 8, 4, 256, 9216, 256000, true),
     },
     // source: google/gemma-2-9b/config.json
     Preset {
@@ -482,7 +528,7 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "google/gemma-2-9b",
         // Includes Gemma 2's post-attention and post-MLP norms (2 x 3584 per layer).
         published_parameters: 9_241_705_984,
-        arch: Arch::llama(42, 3584, 16, 8, 256, 14336, 256000, true),
+        arch: gemma2(42, 3584, 16, 8, 256, 14336, 256000, true),
     },
     // source: google/gemma-2-27b/config.json
     Preset {
@@ -491,7 +537,7 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "google/gemma-2-27b",
         // Includes Gemma 2's post-attention and post-MLP norms (2 x 4608 per layer).
         published_parameters: 27_227_128_320,
-        arch: Arch::llama(46, 4608, 32, 16, 128, 36864, 256000, true),
+        arch: gemma2(46, 4608, 32, 16, 128, 36864, 256000, true),
     },
     // ---- Phi ----
     // source: microsoft/phi-1_5/config.json
@@ -555,6 +601,9 @@ pub const PRESETS: &[Preset] = &[
             max_positions: 0,
             type_vocab: 0,
             parallel_block: true,
+            post_norms: false,
+            attention_softcap: false,
+            final_softcap: false,
         },
     },
     // ---- StableLM ----
@@ -570,6 +619,18 @@ pub const PRESETS: &[Preset] = &[
             norm: Norm::LayerNorm,
             ..Arch::llama(32, 2560, 32, 32, 80, 6912, 50304, false)
         },
+    },
+    // source: stabilityai/stablelm-base-alpha-3b/config.json
+    // GPT-NeoX layout: parallel residual (attention and MLP both read the
+    // block input), LayerNorm, biases, untied head.
+    Preset {
+        name: "stablelm-base-alpha-3b",
+        aliases: &["stabilityai/stablelm-base-alpha-3b", "stablelm-alpha-3b"],
+        hf_id: "stabilityai/stablelm-base-alpha-3b",
+        // Counted from the config's dims (the card says "3B"): two
+        // LayerNorms per block as in the checkpoint, which this shape counts once.
+        published_parameters: 3_637_321_728,
+        arch: neox(16, 4096, 32, 50688),
     },
     // ---- TinyLlama ----
     // source: TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T/config.json

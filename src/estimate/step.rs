@@ -621,6 +621,12 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
                 logits_backward = logits_forward + chunk;
             }
         }
+        if arch.final_softcap {
+            // tanh(z / cap) keeps its 16-bit output per token for backward.
+            let tanh = logit_tokens * vocab_rank * elem;
+            logits_forward += tanh;
+            logits_backward += tanh;
+        }
     }
 
     // ---- Inputs ----
@@ -701,7 +707,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     } else {
         0.0
     };
-    let scores = if t.attention == crate::api::Attention::Eager {
+    let scores = if t.attention == crate::api::Attention::Eager || arch.attention_softcap {
         b * (arch.heads as f64 / tp) * (s / cp) * (s / cp) * 4.0
     } else {
         0.0

@@ -82,7 +82,7 @@ fn gib(b: u64) -> String {
 
 fn read_job(obj: impl ReadJob) -> Result<(api::TrainingJob, ValidatedJob), String> {
     let tj = obj.read_job().map_err(|e| e.to_string())?;
-    let job = api::validate(&tj.spec).map_err(|e| e.to_string())?;
+    let job = api::validate_job(&tj).map_err(|e| e.to_string())?;
     Ok((tj, job))
 }
 
