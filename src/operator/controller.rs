@@ -250,7 +250,7 @@ pub async fn reconcile(tj: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action
 }
 
 fn validate(tj: &TrainingJob) -> Result<ValidatedJob, String> {
-    api::validate_job(&tj).map_err(|errors| {
+    api::validate_job(tj).map_err(|errors| {
         errors
             .to_string()
             .lines()
