@@ -2,7 +2,7 @@
 //! pipeline stage. Every number is bytes as f64 (exact below 2^53).
 
 use super::activations::{self, ActContext};
-use super::arch::Arch;
+use super::arch::{Arch, Kind};
 use super::gpus::{self, GpuProduct};
 use super::layers::LayerStack;
 use super::params::{self, Counts};
@@ -128,8 +128,27 @@ const ADAPTER_PREFIX_LENGTH: f64 = 10.0;
 /// the normalised inputs and the linear outputs.
 const ADAPTER_V2_RATIO: f64 = 1.5;
 
+/// Trainable parameters of one adapted block: its prefix and a gate per head.
+fn prefix_adapter_block_parameters(a: &Arch) -> f64 {
+    ADAPTER_PREFIX_LENGTH * a.hidden as f64 + a.heads as f64
+}
+
 fn prefix_adapter_parameters(a: &Arch) -> f64 {
-    a.layers as f64 * (ADAPTER_PREFIX_LENGTH * a.hidden as f64 + 1.0)
+    a.layers as f64 * prefix_adapter_block_parameters(a)
+}
+
+/// Blocks a prefix adapter keeps activations for. It adapts the top blocks
+/// only (LitGPT starts at block 2); below the first trainable tensor autograd
+/// records nothing, so those blocks keep nothing for backward. The count
+/// follows from the trainable parameters the spec gives.
+fn prefix_adapted_blocks(a: &Arch, trainable: Option<f64>) -> f64 {
+    let layers = a.layers as f64;
+    match trainable {
+        Some(n) => (n / prefix_adapter_block_parameters(a).max(1.0))
+            .round()
+            .clamp(1.0, layers),
+        None => layers,
+    }
 }
 
 /// One rank of one pipeline stage.
@@ -568,7 +587,18 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     let kept_dec = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, true);
     let enc_blocks = arch.layers as f64 * stage_share;
     let dec_blocks = arch.decoder_layers as f64 * stage_share;
-    let mut per_microbatch = tokens * (enc_blocks * kept_enc + dec_blocks * kept_dec);
+    // A prefix adapter on one stage: the blocks under the first adapted one
+    // keep nothing (with pipeline stages every block is counted, the safe side).
+    let kept_enc_blocks = if t.mode == TrainingMode::Adapter
+        && !ctx.scaled_linears
+        && pp <= 1.0
+        && arch.kind == Kind::Decoder
+    {
+        prefix_adapted_blocks(arch, t.trainable_parameters).min(enc_blocks)
+    } else {
+        enc_blocks
+    };
+    let mut per_microbatch = tokens * (kept_enc_blocks * kept_enc + dec_blocks * kept_dec);
     if last {
         per_microbatch += tokens * activations::final_norm_bytes_per_token(arch, &ctx);
     }
