@@ -516,6 +516,12 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     // Quantized linears dequantize per call instead (a transient, below).
     if mixed && zero < 3 && strategy_is_torch && !inference && quant.is_none() {
         weight_transient += (linear + head) * elem;
+        // Autocast caches the cast only of weights that require grad: a
+        // frozen head run once per loss chunk is cast, and saved, per chunk.
+        if t.mode != TrainingMode::Full && t.loss == Loss::Chunked && last {
+            let chunks = (s / cp / LOSS_CHUNK_TOKENS).ceil().max(1.0);
+            weight_transient += head * elem * (chunks - 1.0);
+        }
     }
 
     // ---- Gradients ----
@@ -647,7 +653,9 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
                 // The 16-bit logits (kept per chunk) and each chunk's
                 // log-softmax; the fp32 upcast is only ever one chunk wide.
                 let chunk = b * LOSS_CHUNK_TOKENS.min(s / cp) * vocab_rank * 8.0;
-                logits_forward = logit_tokens * vocab_rank * 2.0 * elem + chunk;
+                // Under autocast the log-softmax runs, and is saved, in fp32.
+                let saved = if mixed { 4.0 } else { elem };
+                logits_forward = logit_tokens * vocab_rank * (elem + saved) + chunk;
                 logits_backward = logits_forward + chunk;
             }
         }
