@@ -75,8 +75,12 @@ impl Component {
 pub enum StepPhase {
     /// End of forward: all activations and the loss's logits are live.
     ForwardEnd,
-    /// Start of backward: activations, logits gradients, first gradients.
+    /// Start of backward: activations, the loss's saved tensors and its gradients.
     BackwardStart,
+    /// Backward through the last block: the loss's tensors are freed, the
+    /// logits the caller holds remain; that block's gradients (and, when
+    /// checkpointed, its recomputed activations) are live.
+    BackwardLastBlock,
     /// End of backward: every gradient, one block's activations.
     BackwardEnd,
     /// Optimizer step: gradients, states and the optimizer's temporaries.
@@ -90,6 +94,7 @@ impl StepPhase {
         match self {
             StepPhase::ForwardEnd => "forward",
             StepPhase::BackwardStart => "backward (start)",
+            StepPhase::BackwardLastBlock => "backward (last block)",
             StepPhase::BackwardEnd => "backward (end)",
             StepPhase::OptimizerStep => "optimizer step",
             StepPhase::InferenceForward => "inference forward",
@@ -167,6 +172,10 @@ struct Stage {
     layer_activations: f64,
     logits_forward: f64,
     logits_backward: f64,
+    /// Logits the training loop still holds once the loss's backward is done.
+    logits_kept: f64,
+    /// Temporaries while the loss and head run backward.
+    temp_head: f64,
     inputs: f64,
     temp_forward: f64,
     temp_backward: f64,
@@ -306,9 +315,18 @@ impl StepModel {
         bs.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
         bs.components[Component::Activations as usize] = s.activations;
         bs.components[Component::Logits as usize] = s.logits_backward;
-        bs.components[Component::Temporaries as usize] = s.temp_backward;
+        bs.components[Component::Temporaries as usize] = s.temp_head;
         bs.components[Component::CommBuffers as usize] = s.comm;
         out.push(bs);
+
+        let mut bl = base(StepPhase::BackwardLastBlock);
+        bl.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
+        bl.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
+        bl.components[Component::Activations as usize] = s.activations;
+        bl.components[Component::Logits as usize] = s.logits_kept;
+        bl.components[Component::Temporaries as usize] = s.temp_backward;
+        bl.components[Component::CommBuffers as usize] = s.comm;
+        out.push(bl);
 
         let mut be = base(StepPhase::BackwardEnd);
         be.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
@@ -688,6 +706,12 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     };
     let temp_backward =
         tokens * elem * (2.0 * i_width + 2.0 * h) + dequant + weight_grad_temp + recompute;
+    let temp_head = dequant + weight_grad_temp;
+    let logits_kept = if logits_backward > 0.0 {
+        logit_tokens * vocab_rank * elem
+    } else {
+        0.0
+    };
 
     // ---- Communication buffers ----
     let comm = if dp > 1.0 && !inference && trainable > 0.0 {
@@ -773,6 +797,8 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         },
         logits_forward,
         logits_backward,
+        logits_kept,
+        temp_head,
         inputs,
         temp_forward,
         temp_backward,
@@ -858,6 +884,8 @@ fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Sta
         layer_activations: activations * 0.1,
         logits_forward: 0.0,
         logits_backward: 0.0,
+        logits_kept: 0.0,
+        temp_head: 0.0,
         inputs: t.data_on_gpu_bytes as f64,
         temp_forward: 0.0,
         temp_backward: 0.0,
@@ -944,6 +972,14 @@ fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
         } else {
             out_elems * (elem + 8.0)
         },
+        // A classifier's output is small: count it, and the largest
+        // activation's gradients, in both backward phases.
+        logits_kept: if inference {
+            0.0
+        } else {
+            out_elems * (elem + 8.0)
+        },
+        temp_head: 2.0 * largest_act,
         // Images as fp32, labels as int64.
         inputs: stack.input_elems_per_sample as f64 * b * 4.0
             + b * 8.0
