@@ -64,6 +64,17 @@ fn linear_saves_input(c: &ActContext) -> bool {
 /// normalised tensor when the norm's weight is trained, and the normed output
 /// when the next linear keeps it.
 fn norm(a: &Arch, c: &ActContext) -> f64 {
+    let normed = if linear_saves_input(c) && !c.quantized {
+        c.elem * a.hidden as f64
+    } else {
+        0.0
+    };
+    norm_without_output(a, c) + normed
+}
+
+/// Saved bytes of a norm per token besides its output: what a norm feeding a
+/// residual add keeps (Gemma 2's post-attention and post-MLP norms).
+fn norm_without_output(a: &Arch, c: &ActContext) -> f64 {
     let h = a.hidden as f64;
     let upcast = match a.norm {
         // Reference RMSNorms upcast to fp32 and keep the fp32 input for backward.
@@ -79,29 +90,6 @@ fn norm(a: &Arch, c: &ActContext) -> f64 {
         } else {
             0.0
         };
-    let normed = if linear_saves_input(c) && !c.quantized {
-        c.elem * h
-    } else {
-        0.0
-    };
-    input + weight_grad + normed
-}
-
-/// Saved bytes of a norm whose output feeds a residual add, not a linear
-/// (Gemma 2's post-attention and post-MLP norms).
-fn post_norm(a: &Arch, c: &ActContext) -> f64 {
-    let h = a.hidden as f64;
-    let upcast = match a.norm {
-        Norm::RmsNorm => c.elem < 4.0,
-        Norm::LayerNorm => c.mixed,
-    };
-    let input = if upcast { 4.0 * h } else { c.elem * h };
-    let weight_grad =
-        if upcast && (c.weights_trainable || c.scaled_linears) && a.norm == Norm::RmsNorm {
-            4.0 * h
-        } else {
-            0.0
-        };
     input + weight_grad
 }
 
@@ -109,7 +97,7 @@ fn post_norm(a: &Arch, c: &ActContext) -> f64 {
 /// output and its 16-bit cast, plus the tanh output when scores are soft-capped.
 /// Zero for fused kernels.
 fn score_bytes(a: &Arch, c: &ActContext) -> f64 {
-    if attention_kind(a, c) != Attention::Eager {
+    if attention_kind(a, c.attention) != Attention::Eager {
         return 0.0;
     }
     let e = c.elem;
@@ -117,12 +105,13 @@ fn score_bytes(a: &Arch, c: &ActContext) -> f64 {
     (4.0 + e + softcap) * a.heads as f64 * c.sequence
 }
 
-/// The attention path that runs: soft-capped scores need the eager one.
-fn attention_kind(a: &Arch, c: &ActContext) -> Attention {
+/// The attention path that runs for the one asked for: soft-capped scores
+/// need the eager one.
+pub fn attention_kind(a: &Arch, asked: Attention) -> Attention {
     if a.attention_softcap {
         Attention::Eager
     } else {
-        c.attention
+        asked
     }
 }
 
@@ -160,7 +149,7 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
     let q = (a.heads * a.head_dim) as f64;
     let kv = (a.kv_heads * a.head_dim) as f64;
     let heads = a.heads as f64;
-    let mut bytes = match attention_kind(a, c) {
+    let mut bytes = match attention_kind(a, c.attention) {
         // Eager attention repeats K/V to all heads and keeps the fp32
         // softmax output and its 16-bit cast, s per head per token.
         Attention::Eager => e * 3.0 * q + score_bytes(a, c),
@@ -239,7 +228,7 @@ fn scaled_outputs(a: &Arch, c: &ActContext) -> f64 {
 pub fn block_bytes_per_token(a: &Arch, c: &ActContext, decoder_block: bool) -> f64 {
     let norms = if a.parallel_block { 1.0 } else { 2.0 };
     let post = if a.post_norms {
-        2.0 * post_norm(a, c)
+        2.0 * norm_without_output(a, c)
     } else {
         0.0
     };

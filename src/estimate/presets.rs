@@ -175,31 +175,12 @@ const fn neox(layers: u64, hidden: u64, heads: u64, vocab: u64) -> Arch {
 /// Gemma 2: a Llama-shaped decoder (GeGLU, RMSNorm, tied head) with norms
 /// after attention and the MLP and tanh soft-capping of the attention scores
 /// and the final logits.
-#[allow(clippy::too_many_arguments)]
-const fn gemma2(
-    layers: u64,
-    hidden: u64,
-    heads: u64,
-    kv_heads: u64,
-    head_dim: u64,
-    intermediate: u64,
-    vocab: u64,
-    tied: bool,
-) -> Arch {
+const fn gemma2(llama: Arch) -> Arch {
     Arch {
         post_norms: true,
         attention_softcap: true,
         final_softcap: true,
-        ..Arch::llama(
-            layers,
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            intermediate,
-            vocab,
-            tied,
-        )
+        ..llama
     }
 }
 
@@ -519,7 +500,7 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "google/gemma-2-2b",
         // Includes Gemma 2's post-attention and post-MLP norms (2 x 2304 per layer).
         published_parameters: 2_614_341_888,
-        arch: gemma2(26, 2304, 8, 4, 256, 9216, 256000, true),
+        arch: gemma2(Arch::llama(26, 2304, 8, 4, 256, 9216, 256000, true)),
     },
     // source: google/gemma-2-9b/config.json
     Preset {
@@ -528,7 +509,7 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "google/gemma-2-9b",
         // Includes Gemma 2's post-attention and post-MLP norms (2 x 3584 per layer).
         published_parameters: 9_241_705_984,
-        arch: gemma2(42, 3584, 16, 8, 256, 14336, 256000, true),
+        arch: gemma2(Arch::llama(42, 3584, 16, 8, 256, 14336, 256000, true)),
     },
     // source: google/gemma-2-27b/config.json
     Preset {
@@ -537,7 +518,7 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "google/gemma-2-27b",
         // Includes Gemma 2's post-attention and post-MLP norms (2 x 4608 per layer).
         published_parameters: 27_227_128_320,
-        arch: gemma2(46, 4608, 32, 16, 128, 36864, 256000, true),
+        arch: gemma2(Arch::llama(46, 4608, 32, 16, 128, 36864, 256000, true)),
     },
     // ---- Phi ----
     // source: microsoft/phi-1_5/config.json

@@ -317,15 +317,13 @@ impl StepModel {
         bs.components[Component::Logits as usize] = s.logits_backward;
         bs.components[Component::Temporaries as usize] = s.temp_head;
         bs.components[Component::CommBuffers as usize] = s.comm;
-        out.push(bs);
 
-        let mut bl = base(StepPhase::BackwardLastBlock);
-        bl.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
-        bl.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
-        bl.components[Component::Activations as usize] = s.activations;
+        // The same but for what the loss held and the block's temporaries.
+        let mut bl = bs.clone();
+        bl.phase = StepPhase::BackwardLastBlock;
         bl.components[Component::Logits as usize] = s.logits_kept;
         bl.components[Component::Temporaries as usize] = s.temp_backward;
-        bl.components[Component::CommBuffers as usize] = s.comm;
+        out.push(bs);
         out.push(bl);
 
         let mut be = base(StepPhase::BackwardEnd);
@@ -769,7 +767,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     } else {
         0.0
     };
-    let scores = if t.attention == crate::api::Attention::Eager || arch.attention_softcap {
+    let scores = if activations::attention_kind(arch, t.attention) == crate::api::Attention::Eager {
         b * (arch.heads as f64 / tp) * (s / cp) * (s / cp) * 4.0
     } else {
         0.0
@@ -950,6 +948,11 @@ fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
     };
     let largest_act = stack.largest_activation_bytes_per_sample(elem, mixed, fused) * b;
     let out_elems = stack.output_elems_per_sample() as f64 * b;
+    let logits_backward = if inference {
+        0.0
+    } else {
+        out_elems * (elem + 8.0)
+    };
     Stage {
         weights,
         weight_transient,
@@ -967,18 +970,10 @@ fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
         } else {
             out_elems * (elem + 4.0)
         },
-        logits_backward: if inference {
-            0.0
-        } else {
-            out_elems * (elem + 8.0)
-        },
+        logits_backward,
         // A classifier's output is small: count it, and the largest
         // activation's gradients, in both backward phases.
-        logits_kept: if inference {
-            0.0
-        } else {
-            out_elems * (elem + 8.0)
-        },
+        logits_kept: logits_backward,
         temp_head: 2.0 * largest_act,
         // Images as fp32, labels as int64.
         inputs: stack.input_elems_per_sample as f64 * b * 4.0

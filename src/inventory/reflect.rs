@@ -83,6 +83,46 @@ fn now_unix() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
 }
 
+/// Drive one reflector: after each event has reached its store, bump
+/// `version` and, for GPU data, stamp `refreshed`; watch errors are logged
+/// (the watcher backs off and retries).
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+    version: Arc<AtomicU64>,
+    refreshed: Option<Arc<AtomicI64>>,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    // The reflector has applied an event to its store by the time it passes it on.
+    reflector::reflector(writer, watcher(api, config).default_backoff())
+        .inspect(move |_| {
+            version.fetch_add(1, Ordering::Release);
+        })
+        .touched_objects()
+        .for_each(move |ev| {
+            match ev {
+                Err(error) => tracing::warn!(%error, "{what} watch"),
+                Ok(_) => {
+                    if let Some(r) = &refreshed {
+                        r.store(now_unix(), Ordering::Relaxed);
+                    }
+                }
+            }
+            futures::future::ready(())
+        })
+}
+
 /// Start watching; returns the source and the future that drives the
 /// watches (join it with the server: if it ends, the process should too).
 pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 'static) {
@@ -104,57 +144,31 @@ pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 's
     let gpu_api: Api<GpuNode> = Api::all(client.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let profile_api: Api<MemoryProfile> = Api::all(client);
-    let v3 = version.clone();
-    let profile_stream = reflector::reflector(
-        profile_writer,
-        watcher(profile_api, watcher::Config::default()).default_backoff(),
-    )
-    .inspect(move |_| {
-        v3.fetch_add(1, Ordering::Release);
-    })
-    .touched_objects()
-    .for_each(|ev| {
-        if let Err(error) = ev {
-            tracing::warn!(%error, "MemoryProfile watch");
-        }
-        futures::future::ready(())
-    });
-    let r1 = refreshed.clone();
-    let v1 = version.clone();
-    // The reflector has applied an event to its store by the time it passes it on.
-    let gn_stream = reflector::reflector(
+    let gn_stream = reflect(
+        gpu_api,
+        watcher::Config::default(),
         gn_writer,
-        watcher(gpu_api, watcher::Config::default()).default_backoff(),
-    )
-    .inspect(move |_| {
-        v1.fetch_add(1, Ordering::Release);
-    })
-    .touched_objects()
-    .for_each(move |ev| {
-        if let Err(error) = ev {
-            tracing::warn!(%error, "GpuNode watch");
-        } else {
-            r1.store(now_unix(), Ordering::Relaxed);
-        }
-        futures::future::ready(())
-    });
-    let r2 = refreshed;
-    let node_stream = reflector::reflector(
+        "GpuNode",
+        version.clone(),
+        Some(refreshed.clone()),
+    );
+    let node_stream = reflect(
+        node_api,
+        watcher::Config::default().labels(GFD_PRODUCT),
         node_writer,
-        watcher(node_api, watcher::Config::default().labels(GFD_PRODUCT)).default_backoff(),
-    )
-    .inspect(move |_| {
-        version.fetch_add(1, Ordering::Release);
-    })
-    .touched_objects()
-    .for_each(move |ev| {
-        if let Err(error) = ev {
-            tracing::warn!(%error, "Node watch");
-        } else {
-            r2.store(now_unix(), Ordering::Relaxed);
-        }
-        futures::future::ready(())
-    });
+        "Node",
+        version.clone(),
+        Some(refreshed),
+    );
+    // Learnt profiles are not GPU data: they do not make the inventory fresher.
+    let profile_stream = reflect(
+        profile_api,
+        watcher::Config::default(),
+        profile_writer,
+        "MemoryProfile",
+        version,
+        None,
+    );
     let ready = async move {
         let _ = gn_reader.wait_until_ready().await;
         let _ = node_reader.wait_until_ready().await;
