@@ -533,7 +533,8 @@ async fn gpu_oom_is_learnt_and_retried_smaller_then_succeeds() {
     let answer: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], json!(false), "{answer}");
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(message.contains("raised ×1.0"), "{message}");
+    let raised = format!("raised ×{:.2}", l.scale);
+    assert!(message.contains(&raised), "{raised}: {message}");
     driver.abort();
     replica.stop().await;
 }

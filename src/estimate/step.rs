@@ -689,10 +689,21 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
 
     // ---- Temporaries ----
     let i_width = arch.intermediate as f64 * arch.experts_per_token.max(1) as f64 / tp;
-    let dequant = if job.quantization != Quantization::None {
-        largest_matrix * elem
-    } else {
-        0.0
+    let dequant = match job.quantization {
+        Quantization::None => 0.0,
+        Quantization::Int8 => largest_matrix * elem,
+        // bitsandbytes dequantizes a 4-bit weight to the dtype it was
+        // quantized from (fp16: Lightning quantizes from fp16, Transformers
+        // loads 4-bit models in fp16 by default) and then casts it to the
+        // compute dtype; both copies are live at the cast.
+        Quantization::Nf4 | Quantization::Nf4Double => {
+            let cast = if matches!(t.precision, Precision::Fp16 | Precision::Fp16Mixed) {
+                0.0
+            } else {
+                elem
+            };
+            largest_matrix * (2.0 + cast)
+        }
     };
     let temp_forward = tokens * elem * i_width + dequant;
     // Gradients of one block's largest activations plus a weight gradient
