@@ -520,6 +520,7 @@ fn published_probe_through_placement_fresh_and_stale() {
     let need = Need {
         per_gpu_bytes: 20 * GIB,
         largest_tensor_bytes: 4 * GIB,
+        allocator: None,
     };
     let request = Request {
         gpus: 1,

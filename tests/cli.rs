@@ -412,3 +412,85 @@ fn usage_errors_exit_2_without_panic() {
         assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
     }
 }
+
+/// A full fine-tune of Llama-3.2-3B at micro-batch 1: about 70 GiB per GPU,
+/// which an H100 has, but above JAX's default 75 % of it.
+fn jax_job(env: &str) -> String {
+    job(
+        "jax-3b",
+        &format!(
+            "model: {{preset: llama-3.2-3b}}\ntraining: {{mode: full, microBatchSize: 1, sequenceLength: 2048, precision: bf16-mixed, attention: flash, loss: chunked, framework: jax}}\nfitPolicy: {{mode: Reject}}\ntemplate:\n  spec:\n    containers:\n    - name: trainer\n      image: trainer\n      env: {env}"
+        ),
+    )
+}
+
+#[test]
+fn jax_jobs_are_held_to_the_allocator_fraction() {
+    let pytorch = jax_job("[]").replace("framework: jax", "framework: pytorch");
+    let run = estimate(pytorch.as_bytes(), &["--gpu", "h100"]);
+    assert_eq!(run.code, 0, "PyTorch has the whole card: {}", run.stdout);
+
+    let run = estimate(jax_job("[]").as_bytes(), &["--gpu", "h100", "-o", "json"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let v = json(&run);
+    let verdict = &v["verdicts"][0]["verdict"];
+    assert_eq!(verdict["binding"], "allocatorLimit", "{verdict}");
+    let limit = u64_at(verdict, "/allocatorLimit/limitBytes");
+    let usable = u64_at(&v["verdicts"][0], "/usableBytes");
+    assert_eq!(limit, (usable as f64 * 0.75).floor() as u64);
+    let reserved = u64_at(&v, "/estimate/peakReservedBytes");
+    assert!(
+        reserved > limit && reserved < usable,
+        "{reserved} vs {limit}"
+    );
+    let message = v["verdicts"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("XLA_PYTHON_CLIENT_MEM_FRACTION="),
+        "{message}"
+    );
+
+    // The fraction the message names lets it through.
+    let fix = message
+        .split("XLA_PYTHON_CLIENT_MEM_FRACTION=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap();
+    let env = format!("[{{name: XLA_PYTHON_CLIENT_MEM_FRACTION, value: '{fix}'}}]");
+    let run = estimate(jax_job(&env).as_bytes(), &["--gpu", "h100"]);
+    assert_eq!(run.code, 0, "with {fix}: {}", run.stdout);
+    let run = estimate(
+        jax_job("[{name: XLA_PYTHON_CLIENT_ALLOCATOR, value: platform}]").as_bytes(),
+        &["--gpu", "h100"],
+    );
+    assert_eq!(
+        run.code, 0,
+        "the platform allocator has no cap: {}",
+        run.stdout
+    );
+}
+
+#[test]
+fn an_unreadable_allocator_setting_names_the_variable() {
+    let run = estimate(
+        jax_job("[{name: XLA_PYTHON_CLIENT_MEM_FRACTION, value: 'most'}]").as_bytes(),
+        &[],
+    );
+    assert_eq!(run.code, 2, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("spec.template.spec.containers[0].env[XLA_PYTHON_CLIENT_MEM_FRACTION]"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn tensorflow_leaves_its_system_reserve() {
+    let tf = jax_job("[]").replace("framework: jax", "framework: tensorflow");
+    let run = estimate(tf.as_bytes(), &["--gpu", "h100", "-o", "json"]);
+    let v = json(&run);
+    let verdict = &v["verdicts"][0]["verdict"];
+    let limit = u64_at(verdict, "/allocatorLimit/limitBytes");
+    let usable = u64_at(&v["verdicts"][0], "/usableBytes");
+    assert_eq!(usable - limit, 1800 << 20, "{verdict}");
+}

@@ -427,7 +427,7 @@ proptest! {
             .collect();
         let margin = 0.05;
         let request = Request { gpus: ranks, gpus_per_node: per_node, safety_margin: margin, tolerations: &[], now: now() };
-        let need = Need { per_gpu_bytes: need_gib * GIB, largest_tensor_bytes: tensor_gib * GIB };
+        let need = Need { per_gpu_bytes: need_gib * GIB, largest_tensor_bytes: tensor_gib * GIB, allocator: None };
         let out = place_with(&request, &nodes, &reservations, &mut |_| Some(need));
         if let PlaceOutcome::Placed(a) = &out {
             prop_assert_eq!(a.nodes.len() as u64, ranks.div_ceil(per_node));

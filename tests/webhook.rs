@@ -327,3 +327,15 @@ async fn certificates_reload_when_the_files_change() {
     stop(server).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_jax_job_over_the_allocator_fraction_is_told_the_setting() {
+    let server = start(Limits::default()).await;
+    let no = response_of(&server, "create-jax-over-fraction.json").await;
+    assert_eq!(no["allowed"], false, "{no}");
+    let msg = no["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("JAX's allocator holds at most 75 %"), "{msg}");
+    assert!(msg.contains("XLA_PYTHON_CLIENT_MEM_FRACTION=0."), "{msg}");
+    assert!(msg.len() <= 1024, "{msg}");
+    stop(server).await;
+}

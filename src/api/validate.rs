@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::training_job::*;
 use crate::estimate::arch::{Arch, Kind, Mlp, Norm};
+use crate::estimate::framework::{FrameworkAllocator, allocator_of};
 use crate::estimate::params;
 use crate::estimate::presets;
 
@@ -83,6 +84,9 @@ pub struct ValidatedJob {
     pub gpus_per_node: u64,
     /// Gradient accumulation steps as written (1 without globalBatchSize).
     pub gradient_accumulation_steps: u64,
+    /// The limit the framework's allocator puts on itself (from `framework`
+    /// and the trainer's environment).
+    pub allocator: FrameworkAllocator,
 }
 
 /// LoRA projections we know how to size.
@@ -508,6 +512,16 @@ fn validate_hinted(
         100,
     );
 
+    let allocator = match allocator_of(spec) {
+        Ok(a) => a,
+        Err(found) => {
+            for (path, reason) in found {
+                errs.push(&path, reason);
+            }
+            FrameworkAllocator::Unbounded
+        }
+    };
+
     if !errs.0.is_empty() {
         return Err(ValidationErrors(errs.0));
     }
@@ -524,6 +538,7 @@ fn validate_hinted(
         data_parallel,
         gpus_per_node,
         gradient_accumulation_steps,
+        allocator,
     })
 }
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
 use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
 use crate::estimate::{self, Estimate, GpuProduct, gpus};
-use crate::plan::{self, Advice, GpuView, PlaceOutcome, Plan, Verdict};
+use crate::plan::{self, Advice, Binding, GpuView, PlaceOutcome, Plan, Verdict};
 
 /// Output formats of `estimate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -173,16 +173,26 @@ pub fn resolve_gpus(args: &EstimateArgs) -> Result<Vec<&'static GpuProduct>, Str
 
 fn verdict_message(v: &Verdict) -> String {
     let gib = |b: u64| b as f64 / estimate::GIB;
-    if v.fits {
-        format!("fits with {:.1} GiB headroom", gib(v.headroom_bytes))
-    } else if v.short_by_bytes > 0 {
-        format!("short by {:.1} GiB", gib(v.short_by_bytes))
-    } else {
-        format!(
+    match &v.allocator_limit {
+        _ if v.fits => format!("fits with {:.1} GiB headroom", gib(v.headroom_bytes)),
+        Some(c) if v.binding == Binding::AllocatorLimit => {
+            let mut s = format!(
+                "short by {:.1} GiB: {} ({:.1} GiB here)",
+                gib(v.short_by_bytes),
+                c.reason,
+                gib(c.limit_bytes)
+            );
+            if let Some(fix) = &c.fix {
+                s.push_str(&format!("; {fix}"));
+            }
+            s
+        }
+        _ if v.short_by_bytes > 0 => format!("short by {:.1} GiB", gib(v.short_by_bytes)),
+        _ => format!(
             "largest tensor {:.1} GiB exceeds the largest free block {:.1} GiB",
             gib(v.largest_tensor_bytes),
             gib(v.largest_block_bytes)
-        )
+        ),
     }
 }
 

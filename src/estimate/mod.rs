@@ -4,6 +4,7 @@
 //! sum of per-component maxima.
 
 pub mod arch;
+pub mod framework;
 pub mod gpus;
 pub mod hf;
 pub mod layers;
@@ -68,6 +69,8 @@ pub struct Estimate {
     pub peak_phase: StepPhase,
     /// GPU the estimate was made for.
     pub gpu: &'static GpuProduct,
+    /// The limit the framework's allocator puts on itself on this GPU, if any.
+    pub allocator_limit: Option<framework::AllocatorLimit>,
 }
 
 impl Estimate {
@@ -123,7 +126,9 @@ pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate
             best = Some(e);
         }
     }
-    Ok(best.expect("there is always at least one stage"))
+    let mut best = best.expect("there is always at least one stage");
+    best.allocator_limit = job.allocator.limit(gpu);
+    Ok(best)
 }
 
 fn estimate_stage(
@@ -190,6 +195,7 @@ fn estimate_stage(
         peak_phase: peak.phase,
         phases,
         gpu,
+        allocator_limit: None,
     })
 }
 

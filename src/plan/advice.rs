@@ -4,7 +4,7 @@
 
 use super::settings::{ALL_FIELDS, yaml_name};
 use super::shrink::{Allowance, search};
-use super::{GpuView, Plan, Verdict, fit};
+use super::{Binding, GpuView, Plan, Verdict, fit_estimate};
 use crate::api::{AdjustableField, FitMode, ValidatedJob};
 use crate::estimate::gpus::{self, Architecture};
 use crate::estimate::{self, GIB, GpuProduct};
@@ -51,20 +51,33 @@ pub(super) fn advise(
     as_written: &Verdict,
 ) -> Advice {
     let policy = &job.spec.fit_policy;
-    let short = if as_written.short_by_bytes > 0 {
-        format!(
+    let short = match &as_written.allocator_limit {
+        Some(c) if as_written.binding == Binding::AllocatorLimit => {
+            let mut s = format!(
+                "{}: {} here, and it needs {} reserved with the {:.0} % margin: short by {}",
+                c.reason,
+                gib(c.limit_bytes),
+                gib(c.need_bytes),
+                policy.safety_margin * 100.0,
+                gib(as_written.short_by_bytes)
+            );
+            if let Some(fix) = &c.fix {
+                s.push_str(&format!("; {fix} to let it through"));
+            }
+            s
+        }
+        _ if as_written.short_by_bytes > 0 => format!(
             "needs {} per GPU with the {:.0} % margin, {} free: short by {}",
             gib(as_written.need_bytes),
             policy.safety_margin * 100.0,
             gib(as_written.have_bytes),
             gib(as_written.short_by_bytes)
-        )
-    } else {
-        format!(
+        ),
+        _ => format!(
             "its largest tensor ({}) exceeds the largest free block ({})",
             gib(as_written.largest_tensor_bytes),
             gib(as_written.largest_block_bytes)
-        )
+        ),
     };
     let why = match policy.mode {
         FitMode::Reject => format!("does not fit {} as written ({short})", gpu.name),
@@ -152,29 +165,21 @@ fn bigger_gpus(job: &ValidatedJob) -> (Vec<&'static str>, Option<u64>, &'static 
             .then(a.name.cmp(b.name))
     });
     // The estimate depends on the GPU only through its architecture.
-    let mut by_arch: Vec<(Architecture, Option<(u64, u64)>)> = Vec::new();
+    let mut by_arch: Vec<(Architecture, Option<estimate::Estimate>)> = Vec::new();
     let mut fitting = Vec::new();
     let mut min_need: Option<u64> = None;
     for card in &cards {
-        let need = match by_arch.iter().find(|(a, _)| *a == card.architecture) {
-            Some((_, n)) => *n,
+        let slot = match by_arch.iter().position(|(a, _)| *a == card.architecture) {
+            Some(i) => i,
             None => {
-                let n = estimate::estimate(job, card)
-                    .ok()
-                    .map(|e| (e.status.per_gpu_bytes, e.status.largest_tensor_bytes));
-                by_arch.push((card.architecture, n));
-                n
+                by_arch.push((card.architecture, estimate::estimate(job, card).ok()));
+                by_arch.len() - 1
             }
         };
-        let Some((per_gpu, largest)) = need else {
+        let Some(est) = &by_arch[slot].1 else {
             continue;
         };
-        let v = fit(
-            per_gpu,
-            largest,
-            margin,
-            GpuView::empty(card.usable_bytes()),
-        );
+        let v = fit_estimate(est, margin, GpuView::empty(card.usable_bytes()));
         if v.fits {
             fitting.push(card.name);
             min_need = Some(min_need.map_or(v.need_bytes, |m| m.min(v.need_bytes)));

@@ -17,6 +17,8 @@ pub use place::{
 pub use settings::{ALL_FIELDS, Plan, Settings, effective_batch};
 pub use shrink::{Allowance, Shrink, search, shrink};
 
+use crate::estimate::Estimate;
+use crate::estimate::framework::AllocatorLimit;
 use serde::Serialize;
 
 /// What one GPU offers a job.
@@ -49,6 +51,23 @@ pub enum Binding {
     FreeMemory,
     /// The largest tensor against the largest free block.
     LargestBlock,
+    /// Reserved bytes against the framework allocator's own limit.
+    AllocatorLimit,
+}
+
+/// The framework allocator's own limit, checked against the reserved bytes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatorCheck {
+    /// The limit on this GPU.
+    pub limit_bytes: u64,
+    /// Peak reserved bytes with the safety margin.
+    pub need_bytes: u64,
+    /// Why the limit exists.
+    pub reason: String,
+    /// The setting that would lift it enough, when one exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 /// The outcome of a fit check, with its numbers.
@@ -67,6 +86,9 @@ pub struct Verdict {
     pub largest_block_bytes: u64,
     /// The constraint that binds (the failing one, or the tighter one).
     pub binding: Binding,
+    /// The framework allocator's limit, when it has one (JAX, TensorFlow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_limit: Option<AllocatorCheck>,
 }
 
 /// Need with the safety margin, saturating (margin is validated to [0, 1)).
@@ -82,28 +104,89 @@ pub fn fit(
     safety_margin: f64,
     gpu: GpuView,
 ) -> Verdict {
+    fit_limited(
+        per_gpu_bytes,
+        largest_tensor_bytes,
+        safety_margin,
+        gpu,
+        None,
+    )
+}
+
+/// Does the job of `est` fit `gpu`, its framework allocator's limit included?
+pub fn fit_estimate(est: &Estimate, safety_margin: f64, gpu: GpuView) -> Verdict {
+    fit_limited(
+        est.status.per_gpu_bytes,
+        est.status.largest_tensor_bytes,
+        safety_margin,
+        gpu,
+        est.allocator_limit
+            .map(|l| (est.status.peak_reserved_bytes, l)),
+    )
+}
+
+/// [`fit`], plus a limit the allocator puts on its reserved bytes.
+pub fn fit_limited(
+    per_gpu_bytes: u64,
+    largest_tensor_bytes: u64,
+    safety_margin: f64,
+    gpu: GpuView,
+    limit: Option<(u64, AllocatorLimit)>,
+) -> Verdict {
     let need = with_margin(per_gpu_bytes, safety_margin);
     let have = gpu.free_bytes;
     let memory_ok = need <= have;
     let block_ok = largest_tensor_bytes <= gpu.largest_block_bytes;
-    let binding = if !memory_ok {
+    let check = limit.map(|(reserved, l)| {
+        let need = with_margin(reserved, safety_margin);
+        let limit_bytes = l.bytes(gpu.total_bytes, gpu.free_bytes);
+        AllocatorCheck {
+            limit_bytes,
+            need_bytes: need,
+            reason: l.reason(),
+            fix: (need > limit_bytes)
+                .then(|| l.fix(need, gpu.total_bytes, gpu.free_bytes))
+                .flatten(),
+        }
+    });
+    let (limit_ok, limit_room, limit_short) = match &check {
+        Some(c) => (
+            c.need_bytes <= c.limit_bytes,
+            c.limit_bytes.saturating_sub(c.need_bytes),
+            c.need_bytes.saturating_sub(c.limit_bytes),
+        ),
+        None => (true, u64::MAX, 0),
+    };
+    let memory_room = have.saturating_sub(need);
+    let block_room = gpu.largest_block_bytes.saturating_sub(largest_tensor_bytes);
+    let memory_short = need.saturating_sub(have);
+    let binding = if !limit_ok && limit_short >= memory_short {
+        Binding::AllocatorLimit
+    } else if !memory_ok {
         Binding::FreeMemory
     } else if !block_ok {
         Binding::LargestBlock
-    } else if have - need <= gpu.largest_block_bytes - largest_tensor_bytes {
+    } else if limit_room < memory_room.min(block_room) {
+        Binding::AllocatorLimit
+    } else if memory_room <= block_room {
         Binding::FreeMemory
     } else {
         Binding::LargestBlock
     };
     Verdict {
-        fits: memory_ok && block_ok,
+        fits: memory_ok && block_ok && limit_ok,
         need_bytes: need,
         have_bytes: have,
-        headroom_bytes: have.saturating_sub(need),
-        short_by_bytes: need.saturating_sub(have),
+        headroom_bytes: if limit_ok {
+            memory_room.min(limit_room)
+        } else {
+            0
+        },
+        short_by_bytes: memory_short.max(limit_short),
         largest_tensor_bytes,
         largest_block_bytes: gpu.largest_block_bytes,
         binding,
+        allocator_limit: check,
     }
 }
 
@@ -130,6 +213,49 @@ mod tests {
         assert!(v.fits);
         assert_eq!(v.headroom_bytes, 6 * GIB);
         assert_eq!(v.short_by_bytes, 0);
+    }
+
+    #[test]
+    fn an_allocator_limit_binds_below_free_memory() {
+        let jax = AllocatorLimit::Fraction {
+            fraction: 0.75,
+            variable: None,
+        };
+        // 70 GiB reserved fits 79 GiB free but not 75 % of it.
+        let v = fit_limited(
+            71 * GIB,
+            GIB,
+            0.0,
+            GpuView::empty(79 * GIB),
+            Some((70 * GIB, jax)),
+        );
+        assert!(!v.fits);
+        assert_eq!(v.binding, Binding::AllocatorLimit);
+        let c = v.allocator_limit.as_ref().unwrap();
+        assert_eq!(c.limit_bytes, (79 * GIB) / 4 * 3);
+        assert_eq!(v.short_by_bytes, 70 * GIB - c.limit_bytes);
+        assert!(c.fix.as_deref().unwrap().contains("=0.89"), "{c:?}");
+        // Under the limit, the tighter of the two sets the headroom.
+        let v = fit_limited(
+            51 * GIB,
+            GIB,
+            0.0,
+            GpuView::empty(79 * GIB),
+            Some((50 * GIB, jax)),
+        );
+        assert!(v.fits);
+        assert_eq!(v.binding, Binding::AllocatorLimit);
+        assert_eq!(v.headroom_bytes, (79 * GIB) / 4 * 3 - 50 * GIB);
+        // Short of free memory by more than of the limit: free memory binds.
+        let v = fit_limited(
+            90 * GIB,
+            GIB,
+            0.0,
+            GpuView::empty(79 * GIB),
+            Some((60 * GIB, jax)),
+        );
+        assert_eq!(v.binding, Binding::FreeMemory);
+        assert_eq!(v.short_by_bytes, 11 * GIB);
     }
 
     #[test]

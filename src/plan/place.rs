@@ -28,8 +28,9 @@ use std::collections::HashMap;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
-use super::{GpuView, Verdict, fit, with_margin};
+use super::{GpuView, Verdict, fit_limited, with_margin};
 use crate::api::{GpuNode, GpuStatus, PlacedGpu, PlacedNode, Placement, ValidatedJob};
+use crate::estimate::framework::AllocatorLimit;
 pub use products::architecture_of;
 use products::{UNKNOWN_ARCHITECTURE, arch_slot, representative};
 use why::Tally;
@@ -65,10 +66,12 @@ pub fn reservations_of(p: &Placement) -> Vec<Reservation> {
 }
 
 /// What one rank needs on a GPU of some architecture.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Need {
     pub per_gpu_bytes: u64,
     pub largest_tensor_bytes: u64,
+    /// Peak reserved bytes and the framework allocator's limit, when it has one.
+    pub allocator: Option<(u64, AllocatorLimit)>,
 }
 
 /// The shape of the job to place and the context of the decision.
@@ -241,6 +244,9 @@ fn place_job(
         Ok(e) => Some(Need {
             per_gpu_bytes: scale_bytes(e.status.per_gpu_bytes, scale),
             largest_tensor_bytes: e.status.largest_tensor_bytes,
+            allocator: e
+                .allocator_limit
+                .map(|l| (scale_bytes(e.status.peak_reserved_bytes, scale), l)),
         }),
         Err(e) => {
             error = Some(e);
@@ -445,11 +451,12 @@ impl<'a> Placer<'a> {
 
     fn verdict(&mut self, d: &Device<'_>) -> Option<Verdict> {
         let (need, _) = self.need(d.arch)?;
-        Some(fit(
+        Some(fit_limited(
             need.per_gpu_bytes,
             need.largest_tensor_bytes,
             self.request.safety_margin,
             d.view,
+            need.allocator,
         ))
     }
 
@@ -741,6 +748,7 @@ mod tests {
             Some(Need {
                 per_gpu_bytes: g * GIB_U,
                 largest_tensor_bytes: GIB_U,
+                allocator: None,
             })
         }
     }

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::advice::{Advice, advise};
 use super::settings::{ALL_FIELDS, Plan, Settings, effective_batch};
-use super::{GpuView, Verdict, cost, fit};
+use super::{GpuView, Verdict, cost, fit_estimate};
 use crate::api::{
     AdjustableField, Checkpointing, EstimateStatus, FitMode, FitPolicy, Head, Loss, Optimizer,
     Precision, Strategy, TrainingMode, ValidatedJob,
@@ -304,12 +304,7 @@ pub fn search(
         };
         settings.apply_to(&mut work);
         let est = estimate::estimate(&work, gpu).ok()?;
-        let v = fit(
-            est.status.per_gpu_bytes,
-            est.status.largest_tensor_bytes,
-            margin,
-            view,
-        );
+        let v = fit_estimate(&est, margin, view);
         v.fits.then_some((settings, est.status, v))
     };
 
@@ -378,12 +373,7 @@ pub fn shrink(
 ) -> Result<Shrink, EstimateError> {
     let policy = &job.spec.fit_policy;
     let est = estimate::estimate(job, gpu)?;
-    let as_written = fit(
-        est.status.per_gpu_bytes,
-        est.status.largest_tensor_bytes,
-        policy.safety_margin,
-        view,
-    );
+    let as_written = fit_estimate(&est, policy.safety_margin, view);
     let original = Settings::of(job);
     if as_written.fits {
         let plan = Plan {
@@ -427,6 +417,7 @@ mod tests {
     use super::*;
     use crate::api::{self, TrainingJobSpec};
     use crate::estimate::gpus;
+    use crate::plan::fit;
 
     fn job(yaml: &str) -> ValidatedJob {
         let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");

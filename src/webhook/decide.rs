@@ -171,9 +171,8 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
                 Err(e) => return deny(Reason::InvalidSpec, e.to_string()),
             },
         };
-        let v = plan::fit(
-            est.status.per_gpu_bytes,
-            est.status.largest_tensor_bytes,
+        let v = plan::fit_estimate(
+            &est,
             job.spec.fit_policy.safety_margin,
             plan::scaled_view(p.usable_bytes, scale),
         );
