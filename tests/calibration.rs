@@ -2,7 +2,8 @@
 //! path: the estimator must reproduce them. Reads `../shared/calibration`
 //! when it is there, else the copy in `tests/data/calibration`, and prints
 //! per-row errors and the summary figures; asserts the figures reached so
-//! accuracy never silently regresses.
+//! accuracy never silently regresses. Rows measured by
+//! `benches/gpu_truth.py` (benches/ground-truth) are reported too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,10 @@ struct Expected {
     oom: bool,
     gpu_capacity_bytes: Option<u64>,
     confidence: String,
+    /// Catalog GPU the row was measured on (ground-truth rows); the
+    /// published rows leave it out.
+    #[serde(default)]
+    gpu: Option<String>,
 }
 
 fn calibration_dir() -> Option<PathBuf> {
@@ -89,21 +94,19 @@ fn task_of(text: &str) -> String {
     }
 }
 
-#[test]
-fn calibration_rows_are_reproduced() {
-    let Some(dir) = calibration_dir() else {
-        panic!("no calibration data: neither ../shared/calibration nor tests/data/calibration");
-    };
-    println!("calibration data: {}", dir.display());
+/// Every row of `dir` through the CLI's code path: the rows with a
+/// measurement, and (OOM rows caught, OOM rows).
+fn run_rows(dir: &Path) -> (Vec<Row>, usize, usize) {
     let expected: BTreeMap<String, Expected> =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    // The GPU only decides context and workspace sizes, which the allocated
-    // metric leaves out; the OOM rows use the nominal capacity given.
-    let gpu = [gpus::find("a100-40gb").unwrap()];
     let mut rows = Vec::new();
     let mut oom_total = 0;
     let mut oom_caught = 0;
     for (id, exp) in &expected {
+        // The GPU only decides context and workspace sizes, which the allocated
+        // metric leaves out; the OOM rows use the nominal capacity given.
+        let name = exp.gpu.as_deref().unwrap_or("a100-40gb");
+        let gpu = [gpus::find(name).unwrap_or_else(|| panic!("{id}: unknown GPU {name}"))];
         let path = dir.join("jobs").join(format!("{id}.yaml"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{id}: {e}"));
         let reports = reports_from_text(&text, &gpu).unwrap_or_else(|e| panic!("{id}: {e}"));
@@ -148,6 +151,16 @@ fn calibration_rows_are_reproduced() {
             error,
         });
     }
+    (rows, oom_caught, oom_total)
+}
+
+#[test]
+fn calibration_rows_are_reproduced() {
+    let Some(dir) = calibration_dir() else {
+        panic!("no calibration data: neither ../shared/calibration nor tests/data/calibration");
+    };
+    println!("calibration data: {}", dir.display());
+    let (rows, oom_caught, oom_total) = run_rows(&dir);
     let asserted: Vec<&Row> = rows.iter().filter(|r| r.confidence != "low").collect();
     let all: Vec<&Row> = rows.iter().collect();
     let print = |label: &str, f: &Figures| {
@@ -185,6 +198,26 @@ fn calibration_rows_are_reproduced() {
         "most under-estimated asserted row: {}",
         worst.unwrap_or_default()
     );
+
+    // Rows that benches/gpu_truth.py measured on a GPU, when a run has written
+    // them: reported by metric kind alongside the published ones.
+    let truth = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/ground-truth");
+    if truth.join("expected.json").is_file() {
+        println!("ground truth: {}", truth.display());
+        let (rows, caught, total) = run_rows(&truth);
+        let mut kinds: Vec<String> = rows.iter().map(|r| r.kind.clone()).collect();
+        kinds.sort();
+        kinds.dedup();
+        for k in &kinds {
+            let sel: Vec<&Row> = rows.iter().filter(|r| &r.kind == k).collect();
+            print(&format!("  ground truth {k}"), &figures(&sel));
+        }
+        println!("ground truth OOM rows caught: {caught}/{total}");
+    } else {
+        println!(
+            "ground truth: none yet (python3 benches/gpu_truth.py on a GPU writes benches/ground-truth)"
+        );
+    }
 
     // The figures reached; tighten as the model improves, never loosen.
     // (Goal: median ≤ 3 %, p90 ≤ 8 %, under-estimated > 5 % on ≤ 3 % of rows.)
