@@ -221,39 +221,32 @@ mod tests {
             fraction: 0.75,
             variable: None,
         };
+        let limit = (79 * GIB) / 4 * 3;
+        // On an empty 79 GiB GPU, per-GPU and reserved GiB.
+        let check = |per_gpu: u64, reserved: u64| {
+            fit_limited(
+                per_gpu * GIB,
+                GIB,
+                0.0,
+                GpuView::empty(79 * GIB),
+                Some((reserved * GIB, jax)),
+            )
+        };
         // 70 GiB reserved fits 79 GiB free but not 75 % of it.
-        let v = fit_limited(
-            71 * GIB,
-            GIB,
-            0.0,
-            GpuView::empty(79 * GIB),
-            Some((70 * GIB, jax)),
-        );
+        let v = check(71, 70);
         assert!(!v.fits);
         assert_eq!(v.binding, Binding::AllocatorLimit);
         let c = v.allocator_limit.as_ref().unwrap();
-        assert_eq!(c.limit_bytes, (79 * GIB) / 4 * 3);
-        assert_eq!(v.short_by_bytes, 70 * GIB - c.limit_bytes);
+        assert_eq!(c.limit_bytes, limit);
+        assert_eq!(v.short_by_bytes, 70 * GIB - limit);
         assert!(c.fix.as_deref().unwrap().contains("=0.89"), "{c:?}");
         // Under the limit, the tighter of the two sets the headroom.
-        let v = fit_limited(
-            51 * GIB,
-            GIB,
-            0.0,
-            GpuView::empty(79 * GIB),
-            Some((50 * GIB, jax)),
-        );
+        let v = check(51, 50);
         assert!(v.fits);
         assert_eq!(v.binding, Binding::AllocatorLimit);
-        assert_eq!(v.headroom_bytes, (79 * GIB) / 4 * 3 - 50 * GIB);
+        assert_eq!(v.headroom_bytes, limit - 50 * GIB);
         // Short of free memory by more than of the limit: free memory binds.
-        let v = fit_limited(
-            90 * GIB,
-            GIB,
-            0.0,
-            GpuView::empty(79 * GIB),
-            Some((60 * GIB, jax)),
-        );
+        let v = check(90, 60);
         assert_eq!(v.binding, Binding::FreeMemory);
         assert_eq!(v.short_by_bytes, 11 * GIB);
     }
