@@ -307,8 +307,7 @@ def run_one(c):
     reserved = torch.cuda.max_memory_reserved()
     assert math.isfinite(loss.item())
     return dict(oom=False, allocated=allocated, reserved=reserved, device=nvml_used(),
-                capacity=torch.cuda.get_device_properties(0).total_memory,
-                gpu=torch.cuda.get_device_name(0))
+                capacity=torch.cuda.get_device_properties(0).total_memory)
 
 
 def nvml_used():
@@ -334,15 +333,18 @@ def nvml_used():
     return None
 
 
-GPU_NAMES = {"H100": "h100-80gb", "H200": "h200", "A100": "a100-80gb", "L4": "l4",
-             "A10G": "a10g", "T4": "t4"}
+# CUDA device names → vramguard's GPU catalog, most specific first.
+GPU_NAMES = [("H100 PCIe", "h100-pcie"), ("H100 NVL", "h100-nvl"), ("H100", "h100-80gb"),
+             ("H200", "h200"), ("A100-SXM4-40GB", "a100-40gb"), ("A100-PCIE-40GB", "a100-40gb"),
+             ("A100", "a100-80gb"), ("A10G", "a10g"), ("L40S", "l40s"), ("L4", "l4"),
+             ("T4", "t4")]
 
 
 def catalog_name(product):
-    for key, name in GPU_NAMES.items():
+    for key, name in GPU_NAMES:
         if key in product:
             return name
-    return "h100-80gb"
+    sys.exit(f"{product}: not in GPU_NAMES; add its vramguard catalog name")
 
 
 def main():
@@ -359,6 +361,9 @@ def main():
     if args.list:
         print("---\n".join(job_yaml(rid, c) for rid, c in runs), end="")
         return
+    product = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    gpu = catalog_name(product)
     os.makedirs(os.path.join(OUT, "jobs"), exist_ok=True)
     path = os.path.join(OUT, "expected.json")
     expected = json.load(open(path)) if os.path.exists(path) else {}
@@ -375,7 +380,6 @@ def main():
             print(f"{rid}: failed\n{proc.stderr}", file=sys.stderr)
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        gpu = catalog_name(r.get("gpu", ""))
         kinds = [("allocated", "allocated"), ("reserved", "reserved"), ("device", "device")]
         for kind, key in kinds:
             if not r["oom"] and r.get(key) is None:
