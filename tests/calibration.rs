@@ -41,7 +41,25 @@ struct Row {
     task: String,
     kind: String,
     confidence: String,
+    /// The published table the row comes from (the job file's `# source:` line).
+    source: String,
+    /// Trains over 4-bit (nf4) base weights.
+    nf4_training: bool,
     error: f64,
+}
+
+/// Rows grouped by `key`, in key order.
+fn group_by<'a>(rows: &[&'a Row], key: impl Fn(&Row) -> String) -> BTreeMap<String, Vec<&'a Row>> {
+    let mut out: BTreeMap<String, Vec<&'a Row>> = BTreeMap::new();
+    for r in rows {
+        out.entry(key(r)).or_default().push(r);
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    percentile(&v, 0.5)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -143,11 +161,18 @@ fn run_rows(dir: &Path) -> (Vec<Row>, usize, usize) {
             error * 100.0,
             exp.confidence
         );
+        let task = task_of(&text);
         rows.push(Row {
             id: id.clone(),
-            task: task_of(&text),
+            nf4_training: text.contains("quantization: nf4") && task != "inference",
+            task,
             kind: exp.metric_kind.clone(),
             confidence: exp.confidence.clone(),
+            source: text
+                .lines()
+                .find_map(|l| l.strip_prefix("# source: "))
+                .unwrap_or("unknown")
+                .to_string(),
             error,
         });
     }
@@ -175,19 +200,25 @@ fn calibration_rows_are_reproduced() {
     let fa = figures(&asserted);
     print("asserted (high+medium)", &fa);
     print("all rows (incl. low)", &figures(&all));
-    let mut tasks: Vec<String> = rows.iter().map(|r| r.task.clone()).collect();
-    tasks.sort();
-    tasks.dedup();
-    for t in &tasks {
-        let sel: Vec<&Row> = asserted.iter().copied().filter(|r| &r.task == t).collect();
+    for (t, sel) in group_by(&asserted, |r| r.task.clone()) {
         print(&format!("  task {t}"), &figures(&sel));
     }
-    let mut kinds: Vec<String> = rows.iter().map(|r| r.kind.clone()).collect();
-    kinds.sort();
-    kinds.dedup();
-    for k in &kinds {
-        let sel: Vec<&Row> = asserted.iter().copied().filter(|r| &r.kind == k).collect();
+    for (k, sel) in group_by(&asserted, |r| r.kind.clone()) {
         print(&format!("  metric {k}"), &figures(&sel));
+    }
+    // The nf4 training rows by published table: where the tables disagree
+    // (what QUANTIZED_INPUT_BYTES sits between), signed.
+    let nf4: Vec<&Row> = asserted
+        .iter()
+        .copied()
+        .filter(|r| r.nf4_training)
+        .collect();
+    for (source, sel) in group_by(&nf4, |r| r.source.clone()) {
+        println!(
+            "  nf4 training, {source:<48} n={:>3} median signed error {:>+5.1}%",
+            sel.len(),
+            median(sel.iter().map(|r| r.error).collect()) * 100.0
+        );
     }
     println!("OOM rows caught: {oom_caught}/{oom_total}");
     let worst = asserted
@@ -205,11 +236,8 @@ fn calibration_rows_are_reproduced() {
     if truth.join("expected.json").is_file() {
         println!("ground truth: {}", truth.display());
         let (rows, caught, total) = run_rows(&truth);
-        let mut kinds: Vec<String> = rows.iter().map(|r| r.kind.clone()).collect();
-        kinds.sort();
-        kinds.dedup();
-        for k in &kinds {
-            let sel: Vec<&Row> = rows.iter().filter(|r| &r.kind == k).collect();
+        let rows: Vec<&Row> = rows.iter().collect();
+        for (k, sel) in group_by(&rows, |r| r.kind.clone()) {
             print(&format!("  ground truth {k}"), &figures(&sel));
         }
         println!("ground truth OOM rows caught: {caught}/{total}");

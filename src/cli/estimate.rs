@@ -175,18 +175,7 @@ fn verdict_message(v: &Verdict) -> String {
     let gib = |b: u64| b as f64 / estimate::GIB;
     match &v.allocator_limit {
         _ if v.fits => format!("fits with {:.1} GiB headroom", gib(v.headroom_bytes)),
-        Some(c) if v.binding == Binding::AllocatorLimit => {
-            let mut s = format!(
-                "short by {:.1} GiB: {} ({:.1} GiB here)",
-                gib(v.short_by_bytes),
-                c.reason,
-                gib(c.limit_bytes)
-            );
-            if let Some(fix) = &c.fix {
-                s.push_str(&format!("; {fix}"));
-            }
-            s
-        }
+        Some(c) if v.binding == Binding::AllocatorLimit => c.explain(v.short_by_bytes),
         _ if v.short_by_bytes > 0 => format!("short by {:.1} GiB", gib(v.short_by_bytes)),
         _ => format!(
             "largest tensor {:.1} GiB exceeds the largest free block {:.1} GiB",

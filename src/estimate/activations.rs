@@ -117,10 +117,12 @@ pub fn attention_kind(a: &Arch, asked: Attention) -> Attention {
 
 /// Bytes per input element a bitsandbytes-quantized linear module keeps
 /// for backward, counted per module in place of the shared input a frozen
-/// 16-bit linear saves. A fitted constant: bitsandbytes computes in the input's dtype and its current 4-bit
-/// matmul saves no input, yet the LitGPT QLoRA rows keep 1.25 (older table)
-/// to 1.5 (config hub) times the activations of the matching LoRA rows; this
-/// value sits between the two tables (docs/DESIGN.md, "Calibration").
+/// 16-bit linear saves. A fitted constant: bitsandbytes computes in the
+/// input's dtype and its current 4-bit matmul saves no input, yet the LitGPT
+/// QLoRA rows keep more per token than the LoRA rows of the same model, more
+/// in the config hub than in the older tables; this value sits between the
+/// two (the calibration test prints each table's nf4 rows; docs/DESIGN.md,
+/// "Calibration").
 const QUANTIZED_INPUT_BYTES: f64 = 3.5;
 
 /// Bytes a quantized linear module keeps per token over an input `width`.

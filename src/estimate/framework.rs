@@ -159,10 +159,15 @@ fn tensorflow_reserve(gpu: &GpuProduct) -> u64 {
     }
 }
 
+/// The field path of the trainer container's variable `name`.
+fn env_path(name: &str) -> String {
+    format!("spec.template.spec.containers[0].env[{name}]")
+}
+
 /// One environment variable of the trainer container: its value, or an error
 /// when it is set in a way vramguard cannot read.
 fn env_var(spec: &TrainingJobSpec, name: &str) -> Result<Option<String>, (String, String)> {
-    let path = format!("spec.template.spec.containers[0].env[{name}]");
+    let path = env_path(name);
     let Some(env) = spec
         .template
         .as_ref()
@@ -198,7 +203,7 @@ fn parse_fraction(name: &'static str, value: &str) -> Result<f64, (String, Strin
     match value.parse::<f64>() {
         Ok(f) if f.is_finite() && f > 0.0 => Ok(f),
         _ => Err((
-            format!("spec.template.spec.containers[0].env[{name}]"),
+            env_path(name),
             format!("{value:?} is not a fraction above 0 (XLA reads it as a float, e.g. 0.9)"),
         )),
     }
@@ -247,8 +252,7 @@ pub fn allocator_of(spec: &TrainingJobSpec) -> Result<FrameworkAllocator, Vec<(S
                 },
                 Some(other) => {
                     errors.push((
-                        "spec.template.spec.containers[0].env[XLA_PYTHON_CLIENT_ALLOCATOR]"
-                            .to_string(),
+                        env_path("XLA_PYTHON_CLIENT_ALLOCATOR"),
                         format!("{other:?} is not one of default, bfc, cuda_async, platform"),
                     ));
                     FrameworkAllocator::Unbounded
@@ -263,7 +267,7 @@ pub fn allocator_of(spec: &TrainingJobSpec) -> Result<FrameworkAllocator, Vec<(S
                     Ok(mib) => Some(mib),
                     Err(_) => {
                         errors.push((
-                            format!("spec.template.spec.containers[0].env[{name}]"),
+                            env_path(name),
                             format!("{v:?} is not a whole number of MiB"),
                         ));
                         None

@@ -53,18 +53,7 @@ pub(super) fn advise(
     let policy = &job.spec.fit_policy;
     let short = match &as_written.allocator_limit {
         Some(c) if as_written.binding == Binding::AllocatorLimit => {
-            let mut s = format!(
-                "{}: {} here, and it needs {} reserved with the {:.0} % margin: short by {}",
-                c.reason,
-                gib(c.limit_bytes),
-                gib(c.need_bytes),
-                policy.safety_margin * 100.0,
-                gib(as_written.short_by_bytes)
-            );
-            if let Some(fix) = &c.fix {
-                s.push_str(&format!("; {fix} to let it through"));
-            }
-            s
+            c.explain(as_written.short_by_bytes)
         }
         _ if as_written.short_by_bytes > 0 => format!(
             "needs {} per GPU with the {:.0} % margin, {} free: short by {}",

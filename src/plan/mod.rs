@@ -70,6 +70,25 @@ pub struct AllocatorCheck {
     pub fix: Option<String>,
 }
 
+impl AllocatorCheck {
+    /// For people: the shortfall, the limit, what the job needs under it,
+    /// and the setting that would let it through.
+    pub fn explain(&self, short_by_bytes: u64) -> String {
+        let gib = |b: u64| b as f64 / crate::estimate::GIB;
+        let mut s = format!(
+            "short by {:.1} GiB: {}: {:.1} GiB here, and it needs {:.1} GiB reserved with the safety margin",
+            gib(short_by_bytes),
+            self.reason,
+            gib(self.limit_bytes),
+            gib(self.need_bytes)
+        );
+        if let Some(fix) = &self.fix {
+            s.push_str(&format!("; {fix} to let it through"));
+        }
+        s
+    }
+}
+
 /// The outcome of a fit check, with its numbers.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
