@@ -259,6 +259,7 @@ fn parallelism() -> impl Strategy<Value = ParallelismSpec> {
                     },
                     context_parallel: cp,
                     offload: offloads[offload % offloads.len()],
+                    fsdp_version: None,
                 }
             },
         )

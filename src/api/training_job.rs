@@ -267,6 +267,21 @@ pub struct TrainingSpec {
     /// Bytes of dataset or buffers kept on the GPU.
     #[serde(default)]
     pub data_on_gpu_bytes: u64,
+    /// The trainer stack that runs the job; absent: unknown, and the estimate
+    /// carries an upper end over every stack's behaviour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<Stack>,
+    /// The AdamW implementation, when the job sets one (overrides the stack's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_implementation: Option<OptimizerImplementation>,
+    /// Checkpoint every N-th block only (torchtitan's and torchtune's
+    /// `ac_option: N`); default 1: every block, under `gradientCheckpointing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub checkpoint_every: Option<u64>,
+    /// The parameter-efficient method of mode `adapter` (and GaLore under mode `full`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peft: Option<PeftSpec>,
 }
 
 impl Default for TrainingSpec {
@@ -289,6 +304,10 @@ impl Default for TrainingSpec {
             compile: false,
             framework: Framework::default(),
             data_on_gpu_bytes: 0,
+            stack: None,
+            optimizer_implementation: None,
+            checkpoint_every: None,
+            peft: None,
         }
     }
 }
@@ -328,6 +347,9 @@ pub struct LoraSpec {
     /// Projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head.
     #[serde(default = "default_target_modules")]
     pub target_modules: Vec<String>,
+    /// lora | dora | rslora (rsLoRA changes the scaling only: the same memory as LoRA).
+    #[serde(default)]
+    pub variant: LoraVariant,
 }
 
 impl Default for LoraSpec {
@@ -337,6 +359,7 @@ impl Default for LoraSpec {
             alpha: default_lora_alpha(),
             dropout: default_lora_dropout(),
             target_modules: default_target_modules(),
+            variant: LoraVariant::default(),
         }
     }
 }
@@ -355,6 +378,87 @@ fn default_lora_dropout() -> f64 {
 
 fn default_target_modules() -> Vec<String> {
     vec!["q_proj".into(), "v_proj".into()]
+}
+
+/// lora | dora | rslora.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LoraVariant {
+    #[default]
+    Lora,
+    Dora,
+    Rslora,
+}
+
+/// hf-trainer | torchtune | torchtitan | litgpt | lightning | deepspeed | megatron | unsloth | custom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stack {
+    /// Hugging Face Trainer, accelerate, TRL, axolotl.
+    HfTrainer,
+    Torchtune,
+    Torchtitan,
+    Litgpt,
+    Lightning,
+    Deepspeed,
+    Megatron,
+    Unsloth,
+    /// A plain PyTorch training loop.
+    Custom,
+}
+
+/// for-loop | foreach | fused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerImplementation {
+    ForLoop,
+    Foreach,
+    Fused,
+}
+
+/// FSDP1 (`FullyShardedDataParallel`) or FSDP2 (`fully_shard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum FsdpVersion {
+    #[serde(rename = "1")]
+    V1,
+    #[serde(rename = "2")]
+    V2,
+}
+
+/// A parameter-efficient method beyond LoRA.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PeftSpec {
+    pub method: PeftMethod,
+    /// Virtual tokens of prompt or prefix tuning (default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub virtual_tokens: Option<u64>,
+    /// Rank of VeRA's shared projections or of GaLore's projection (default 256 / 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub rank: Option<u64>,
+    /// Projections the method adapts (IA3: k_proj v_proj down_proj; VeRA: q_proj v_proj).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_modules: Option<Vec<String>>,
+    /// LLaMA-Adapter: how many of the top blocks are adapted (default: from
+    /// trainableParameters, else every block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub layers: Option<u64>,
+}
+
+/// llama-adapter | ia3 | vera | prompt-tuning | prefix-tuning | ln-tuning | galore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeftMethod {
+    LlamaAdapter,
+    Ia3,
+    Vera,
+    PromptTuning,
+    PrefixTuning,
+    LnTuning,
+    Galore,
 }
 
 /// none | int8 | nf4 | nf4-double.
@@ -403,13 +507,17 @@ pub enum Optimizer {
     PagedAdamw8bit,
 }
 
-/// none | selective | full.
+/// none | selective | op-selective | full. `selective` is Megatron's
+/// (recompute the attention core and the MLP activation); `op-selective` is
+/// PyTorch's op-level policy (save every other matmul and the attention output,
+/// torchtitan's `selective_ac_option: op`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Checkpointing {
     #[default]
     None,
     Selective,
+    OpSelective,
     Full,
 }
 
@@ -483,6 +591,9 @@ pub struct ParallelismSpec {
     pub context_parallel: u64,
     #[serde(default)]
     pub offload: Offload,
+    /// FSDP1 or FSDP2, when the job says (overrides the stack's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_version: Option<FsdpVersion>,
 }
 
 impl Default for ParallelismSpec {
@@ -499,6 +610,7 @@ impl Default for ParallelismSpec {
             virtual_stages: 1,
             context_parallel: 1,
             offload: Offload::default(),
+            fsdp_version: None,
         }
     }
 }
@@ -722,6 +834,35 @@ pub struct EstimateStatus {
     /// GPU product the estimate was made for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
+    /// The upper end over the behaviours the spec leaves open (the trainer
+    /// stack and what it decides): fit, shrinking and placement use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper: Option<EstimateBounds>,
+}
+
+impl EstimateStatus {
+    /// Per-GPU bytes a fit must find room for: the upper end when there is one.
+    pub fn fit_per_gpu_bytes(&self) -> u64 {
+        self.upper.as_ref().map_or(self.per_gpu_bytes, |u| {
+            u.per_gpu_bytes.max(self.per_gpu_bytes)
+        })
+    }
+
+    /// Reserved bytes an allocator limit must allow: the upper end when there is one.
+    pub fn fit_reserved_bytes(&self) -> u64 {
+        self.upper.as_ref().map_or(self.peak_reserved_bytes, |u| {
+            u.peak_reserved_bytes.max(self.peak_reserved_bytes)
+        })
+    }
+}
+
+/// The three totals of an estimate, for the upper end of its interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EstimateBounds {
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub per_gpu_bytes: u64,
 }
 
 /// Bytes per component at the peak phase.

@@ -300,6 +300,12 @@ fn validate_hinted(
         }
     };
 
+    validate_peft(
+        &mut errs,
+        t,
+        matches!(model, Some(ResolvedModel::Transformer(_))),
+    );
+
     let total_parameters = match &model {
         Some(ResolvedModel::Transformer(arch)) => {
             match params::count(arch, head, num_labels).map(|c| c.total) {
@@ -542,6 +548,114 @@ fn validate_hinted(
     })
 }
 
+/// `peft` names a method that goes with the mode, on a model whose blocks
+/// we know, with parameters in range; `checkpointEvery` is at least 1.
+fn validate_peft(errs: &mut Errors, t: &crate::api::TrainingSpec, transformer: bool) {
+    use crate::api::PeftMethod;
+    if let Some(n) = t.checkpoint_every {
+        errs.at_least("spec.training.checkpointEvery", n, 1);
+        errs.at_most("spec.training.checkpointEvery", n, 1 << 16);
+        if t.gradient_checkpointing == crate::api::Checkpointing::None {
+            errs.push(
+                "spec.training.checkpointEvery",
+                "only used with gradientCheckpointing selective, op-selective or full",
+            );
+        }
+    }
+    let Some(p) = &t.peft else {
+        return;
+    };
+    let path = "spec.training.peft";
+    let method_ok = match p.method {
+        PeftMethod::Galore => t.mode == TrainingMode::Full,
+        _ => t.mode == TrainingMode::Adapter,
+    };
+    if !method_ok {
+        let need = if p.method == PeftMethod::Galore {
+            "mode: full"
+        } else {
+            "mode: adapter"
+        };
+        errs.push(
+            &format!("{path}.method"),
+            format!("{:?} needs {need}", p.method).to_lowercase(),
+        );
+    }
+    if !transformer {
+        errs.push(
+            path,
+            "needs a transformer model (preset, transformer or hfConfig); set trainableParameters with mode adapter instead",
+        );
+    }
+    for (name, v, max) in [
+        ("virtualTokens", p.virtual_tokens, 1u64 << 20),
+        ("rank", p.rank, 1 << 16),
+        ("layers", p.layers, 1 << 24),
+    ] {
+        if let Some(v) = v {
+            errs.at_least(&format!("{path}.{name}"), v, 1);
+            errs.at_most(&format!("{path}.{name}"), v, max);
+        }
+    }
+    let uses = |field: bool, name: &str, methods: &[PeftMethod]| {
+        (field && !methods.contains(&p.method)).then(|| {
+            (
+                format!("{path}.{name}"),
+                format!(
+                    "not used by method {:?}; it applies to {}",
+                    p.method,
+                    methods
+                        .iter()
+                        .map(|m| format!("{m:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+                .to_lowercase(),
+            )
+        })
+    };
+    let misplaced = [
+        uses(
+            p.virtual_tokens.is_some(),
+            "virtualTokens",
+            &[PeftMethod::PromptTuning, PeftMethod::PrefixTuning],
+        ),
+        uses(
+            p.rank.is_some(),
+            "rank",
+            &[PeftMethod::Vera, PeftMethod::Galore],
+        ),
+        uses(
+            p.target_modules.is_some(),
+            "targetModules",
+            &[PeftMethod::Ia3, PeftMethod::Vera],
+        ),
+        uses(p.layers.is_some(), "layers", &[PeftMethod::LlamaAdapter]),
+    ];
+    for (field, reason) in misplaced.into_iter().flatten() {
+        errs.push(&field, reason);
+    }
+    if let Some(targets) = &p.target_modules {
+        if targets.is_empty() {
+            errs.push(
+                &format!("{path}.targetModules"),
+                format!("must name at least one of {}", LORA_TARGETS[..7].join(", ")),
+            );
+        }
+        for (i, m) in targets.iter().enumerate() {
+            if !LORA_TARGETS[..7].contains(&m.as_str()) {
+                errs.push(
+                    &format!("{path}.targetModules[{i}]"),
+                    format!(
+                        "unknown module {m:?}; known: {}",
+                        LORA_TARGETS[..7].join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
 fn resolve_model(
     errs: &mut Errors,
     m: &ModelSpec,
@@ -582,12 +696,37 @@ fn resolve_model(
         None => None,
         Some(h) => match presets::find(h) {
             Some(p) => Some(p),
+            // A vision preset's hint names what a layer list (or the same
+            // preset) is; its dims are the layers themselves, nothing to add.
+            None if crate::estimate::vision::find(h).is_some() => {
+                let v = crate::estimate::vision::find(h).map(|v| v.name);
+                let same = m
+                    .preset
+                    .as_deref()
+                    .and_then(crate::estimate::vision::find)
+                    .map(|p| p.name)
+                    == v;
+                if !(same || m.layers.is_some()) {
+                    errs.push(
+                        HINT_PATH,
+                        format!(
+                            "names the vision preset {} but is read only with spec.model.layers (or the same spec.model.preset)",
+                            v.unwrap_or(h)
+                        ),
+                    );
+                    return (None, String::new());
+                }
+                None
+            }
             None => {
                 errs.push(
                     HINT_PATH,
                     format!(
                         "unknown preset {h:?}; known: {}",
-                        presets::names().collect::<Vec<_>>().join(", ")
+                        presets::names()
+                            .chain(crate::estimate::vision::names())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 );
                 return (None, String::new());

@@ -117,6 +117,9 @@ pub struct Explanation {
     pub peak_phase: String,
     pub top_contributors: Vec<Contributor>,
     pub summary: String,
+    /// Why the estimate is a range, when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
 }
 
 /// Everything `estimate` says about one job (the `-o json` object).
@@ -229,6 +232,20 @@ pub fn report(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let interval = est.status.upper.filter(|u| {
+        u.per_gpu_bytes > est.status.per_gpu_bytes
+            || u.peak_allocated_bytes > est.status.peak_allocated_bytes
+    });
+    let interval = interval.map(|u| {
+        let open = match job.spec.training.stack {
+            None => "spec.training.stack is not set: the low end is a plain PyTorch loop, the high end the costliest trainer stack's behaviour".to_string(),
+            Some(_) => "the stack's releases differ in a default that sets memory".to_string(),
+        };
+        format!(
+            "range up to {:.2} GiB per GPU: {open}; fit, shrinking and placement use the high end (set training.stack, globalBatchSize, optimizerImplementation or parallelism.fsdpVersion to narrow it)",
+            u.per_gpu_bytes as f64 / estimate::GIB
+        )
+    });
     let plan = chosen_plan(job, targets, &verdicts);
     Ok(JobReport {
         name,
@@ -245,6 +262,7 @@ pub fn report(
             peak_phase: est.peak_phase.name().to_string(),
             top_contributors: top,
             summary,
+            interval,
         },
         fits: verdicts.iter().any(|v| v.verdict.fits),
         plan,

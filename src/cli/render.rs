@@ -23,24 +23,36 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
             writeln!(out, "  {name:<22}{}", g(bytes))?;
         }
         let e = &r.estimate;
-        writeln!(
-            out,
-            "  {:<22}{}   (torch.cuda.max_memory_allocated)",
-            "peak allocated",
-            g(e.peak_allocated_bytes)
-        )?;
-        writeln!(
-            out,
-            "  {:<22}{}   (torch.cuda.max_memory_reserved)",
-            "peak reserved",
-            g(e.peak_reserved_bytes)
-        )?;
-        writeln!(
-            out,
-            "  {:<22}{}   (nvidia-smi, per GPU)",
-            "per GPU",
-            g(e.per_gpu_bytes)
-        )?;
+        let u = e.upper.unwrap_or_default();
+        let totals = [
+            (
+                "peak allocated",
+                e.peak_allocated_bytes,
+                u.peak_allocated_bytes,
+                "torch.cuda.max_memory_allocated",
+            ),
+            (
+                "peak reserved",
+                e.peak_reserved_bytes,
+                u.peak_reserved_bytes,
+                "torch.cuda.max_memory_reserved",
+            ),
+            (
+                "per GPU",
+                e.per_gpu_bytes,
+                u.per_gpu_bytes,
+                "nvidia-smi, per GPU",
+            ),
+        ];
+        for (name, point, upper, what) in totals {
+            // The upper end over the behaviours the spec leaves open.
+            let range = if upper > point {
+                format!(" – {:.2}", upper as f64 / GIB)
+            } else {
+                String::new()
+            };
+            writeln!(out, "  {name:<22}{}{range}   ({what})", g(point))?;
+        }
         writeln!(
             out,
             "  {:<22}{}",
@@ -48,6 +60,9 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
             g(e.largest_tensor_bytes)
         )?;
         writeln!(out, "  {}", r.explanation.summary)?;
+        if let Some(i) = &r.explanation.interval {
+            writeln!(out, "  {i}")?;
+        }
         writeln!(
             out,
             "  {:<18}{:>12}{:>16}  verdict",

@@ -5,6 +5,7 @@
 //! parallelism; norm and residual terms split only with sequence parallelism.
 
 use super::arch::{Arch, Kind, Mlp, Norm};
+use super::peft::Peft;
 use crate::api::{Attention, Checkpointing};
 
 /// What the activation model needs to know besides the shape.
@@ -16,8 +17,20 @@ pub struct ActContext<'a> {
     pub mixed: bool,
     /// Base weights are trained (full fine-tune / pre-training).
     pub weights_trainable: bool,
-    /// Base linears are bitsandbytes-quantized (see `QUANTIZED_INPUT_BYTES`).
+    /// Base linears are quantized.
     pub quantized: bool,
+    /// A quantized linear keeps `QUANTIZED_INPUT_BYTES` per input element
+    /// (bitsandbytes); torchao's NF4 linear keeps only its weight.
+    pub quantized_input_saved: bool,
+    /// A frozen 16-bit linear saves its input (the stack's profile says).
+    pub frozen_linear_saves_input: bool,
+    /// Every LoRA module applies its own dropout to the shared input (PEFT);
+    /// otherwise one dropout serves the projections that read one input.
+    pub lora_dropout_per_module: bool,
+    /// The parameter-efficient method, for what it keeps per block.
+    pub peft: &'a Peft,
+    /// Every n-th block is checkpointed; the others keep everything.
+    pub checkpoint_every: f64,
     pub attention: Attention,
     pub sequence: f64,
     pub tensor_parallel: f64,
@@ -30,11 +43,6 @@ pub struct ActContext<'a> {
     /// Norm weights and a scale per linear output are trained (LLaMA-Adapter v2 style).
     pub scaled_linears: bool,
 }
-
-/// A frozen 16-bit linear still saves its input: PyTorch's `linear` saves
-/// `input` for the weight gradient even when only the input gradient is
-/// needed, so LoRA over bf16 weights pays for every projection's input.
-const FROZEN_LINEAR_SAVES_INPUT: bool = true;
 
 /// Bytes per token of the inside of one self-attention sub-block and norms.
 struct Parts {
@@ -57,7 +65,7 @@ impl Parts {
 }
 
 fn linear_saves_input(c: &ActContext) -> bool {
-    c.weights_trainable || (!c.quantized && FROZEN_LINEAR_SAVES_INPUT)
+    c.weights_trainable || (!c.quantized && c.frozen_linear_saves_input)
 }
 
 /// Saved bytes of one norm per token: its input (fp32 when upcast), the fp32
@@ -84,12 +92,14 @@ fn norm_without_output(a: &Arch, c: &ActContext) -> f64 {
     };
     let input = if upcast { 4.0 * h } else { c.elem * h };
     // `x_normed * weight` in fp32 keeps x_normed for the weight's gradient.
-    let weight_grad =
-        if upcast && (c.weights_trainable || c.scaled_linears) && a.norm == Norm::RmsNorm {
-            4.0 * h
-        } else {
-            0.0
-        };
+    let weight_grad = if upcast
+        && (c.weights_trainable || c.scaled_linears || c.peft.norms_trainable())
+        && a.norm == Norm::RmsNorm
+    {
+        4.0 * h
+    } else {
+        0.0
+    };
     input + weight_grad
 }
 
@@ -127,15 +137,18 @@ const QUANTIZED_INPUT_BYTES: f64 = 3.5;
 
 /// Bytes a quantized linear module keeps per token over an input `width`.
 fn quantized_input(c: &ActContext, width: f64) -> f64 {
-    if c.quantized {
+    if c.quantized && c.quantized_input_saved {
         QUANTIZED_INPUT_BYTES * width
     } else {
         0.0
     }
 }
 
-/// LoRA branches of projections that read one input tensor: one dropout
-/// (mask + output, kept by lora_A) per input, one lora_A output per module.
+/// LoRA branches of projections that read one input tensor: the dropout's
+/// mask and output (kept by lora_A) once per input, or once per module where
+/// each module drops out on its own (PEFT's `lora_dropout[adapter](x)` in
+/// every `Linear.forward`); without dropout lora_A keeps the input itself,
+/// unless the base linear already does; one lora_A output per module.
 fn lora_branch(c: &ActContext, groups: &[(&[&str], f64)]) -> f64 {
     let mut total = 0.0;
     for (names, width) in groups {
@@ -147,7 +160,14 @@ fn lora_branch(c: &ActContext, groups: &[(&[&str], f64)]) -> f64 {
             continue;
         }
         if c.lora_dropout {
-            total += (c.elem + 1.0) * width;
+            let copies = if c.lora_dropout_per_module {
+                targeted
+            } else {
+                1.0
+            };
+            total += copies * (c.elem + 1.0) * width;
+        } else if !(linear_saves_input(c) && !c.quantized) {
+            total += c.elem * width;
         }
         total += targeted * c.elem * c.lora_rank;
     }
@@ -248,7 +268,10 @@ pub fn block_bytes_per_token(a: &Arch, c: &ActContext, decoder_block: bool) -> f
     };
     let mut parts = Parts {
         outer: norms * norm(a, c) + post,
-        inner: attention(a, c) + mlp(a, c) + scaled_outputs(a, c),
+        inner: attention(a, c)
+            + mlp(a, c)
+            + scaled_outputs(a, c)
+            + c.peft.block_bytes_per_token(a, c.elem, c.lora_targets),
     };
     if decoder_block && a.kind == Kind::EncoderDecoder {
         // Cross-attention: its norm, q, projected encoder k/v, output.
@@ -278,9 +301,11 @@ pub fn kept_bytes_per_token(
     checkpointing: Checkpointing,
     decoder_block: bool,
 ) -> f64 {
-    match checkpointing {
-        Checkpointing::None => block_bytes_per_token(a, c, decoder_block),
+    let full = block_bytes_per_token(a, c, decoder_block);
+    let checkpointed = match checkpointing {
+        Checkpointing::None => return full,
         Checkpointing::Full => block_input_bytes_per_token(a, c),
+        Checkpointing::OpSelective => op_selective_bytes_per_token(a, c),
         Checkpointing::Selective => {
             // Recompute the attention core (scores) and the MLP activation
             // function: drop the score matrix and the activation output.
@@ -296,7 +321,38 @@ pub fn kept_bytes_per_token(
             let act = e * a.intermediate as f64 * k;
             (full - (scores + act) / tp).max(block_input_bytes_per_token(a, c))
         }
-    }
+    };
+    // Only every n-th block is checkpointed; the rest keep everything.
+    let n = c.checkpoint_every.max(1.0);
+    (checkpointed + (n - 1.0) * full) / n
+}
+
+/// PyTorch's op-level selective checkpointing as torchtitan configures it
+/// (`selective_ac_option: op`, torchtitan/distributed/activation_checkpoint.py
+/// `_get_custom_policy`, pytorch/torchtitan @ 6404b932421f5ce382e7dac5ad381b2c17b1373c):
+/// the block's input, every other matmul's output (of q, k, v, o, gate/up,
+/// up, down in call order: q, v, gate and down), and the attention kernel's
+/// output and log-sum-exp are saved; everything else is recomputed.
+fn op_selective_bytes_per_token(a: &Arch, c: &ActContext) -> f64 {
+    let e = c.elem;
+    let h = a.hidden as f64;
+    let q = (a.heads * a.head_dim) as f64;
+    let kv = (a.kv_heads * a.head_dim) as f64;
+    let k = if a.experts > 0 {
+        a.experts_per_token as f64
+    } else {
+        1.0
+    };
+    let i = a.intermediate as f64 * k;
+    let tp = c.tensor_parallel.max(1.0);
+    let saved_mm = match a.mlp {
+        // q, v, gate (w1), down (w2): the 1st, 3rd, 5th and 7th of seven.
+        Mlp::Gated => q + kv + i + h,
+        // q, v, fc1 of six (q, k, v, o, fc1, fc2).
+        Mlp::Standard => q + kv + i,
+    };
+    let attention = q + 4.0 * a.heads as f64 / e;
+    block_input_bytes_per_token(a, c) + e * (saved_mm + attention) / tp
 }
 
 /// Bytes per token of the final norm before the head.

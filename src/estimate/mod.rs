@@ -9,13 +9,15 @@ pub mod gpus;
 pub mod hf;
 pub mod layers;
 pub mod params;
+pub mod peft;
 pub mod presets;
+pub mod stacks;
 pub mod vision;
 
 mod activations;
 mod step;
 
-use crate::api::{Breakdown, EstimateStatus, ValidatedJob};
+use crate::api::{Breakdown, EstimateBounds, EstimateStatus, ValidatedJob};
 pub use gpus::GpuProduct;
 pub use step::{Component, StepPhase};
 
@@ -111,9 +113,38 @@ fn to_bytes(v: f64, what: &'static str) -> Result<u64, EstimateError> {
 
 /// Estimate one rank's memory for `job` on `gpu`: the most loaded rank (with
 /// pipeline parallelism, the heavier of the first and last stage by per-GPU bytes).
+///
+/// The status is the point estimate under the most likely stack profile; its
+/// `upper` is the largest estimate over every profile the spec leaves possible
+/// (see [`stacks`]).
 pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate, EstimateError> {
+    let profiles = stacks::profiles(job);
+    let mut point = estimate_profile(job, gpu, &profiles[0])?;
+    let mut upper = EstimateBounds {
+        peak_allocated_bytes: point.status.peak_allocated_bytes,
+        peak_reserved_bytes: point.status.peak_reserved_bytes,
+        per_gpu_bytes: point.status.per_gpu_bytes,
+    };
+    for profile in &profiles[1..] {
+        let e = estimate_profile(job, gpu, profile)?;
+        upper.peak_allocated_bytes = upper
+            .peak_allocated_bytes
+            .max(e.status.peak_allocated_bytes);
+        upper.peak_reserved_bytes = upper.peak_reserved_bytes.max(e.status.peak_reserved_bytes);
+        upper.per_gpu_bytes = upper.per_gpu_bytes.max(e.status.per_gpu_bytes);
+    }
+    point.status.upper = Some(upper);
+    Ok(point)
+}
+
+/// [`estimate`] under one stack profile.
+fn estimate_profile(
+    job: &ValidatedJob,
+    gpu: &'static GpuProduct,
+    profile: &stacks::Profile,
+) -> Result<Estimate, EstimateError> {
     let mut best: Option<Estimate> = None;
-    for model in step::StepModel::candidates(job, gpu) {
+    for model in step::StepModel::candidates(job, gpu, profile) {
         let e = estimate_stage(&model, gpu)?;
         let heavier = match &best {
             None => true,
@@ -189,6 +220,7 @@ fn estimate_stage(
         largest_tensor_bytes: to_bytes(largest, "largestTensorBytes")?,
         peak_phase: peak.phase.name().to_string(),
         gpu: Some(gpu.name.to_string()),
+        upper: None,
     };
     Ok(Estimate {
         status,

@@ -724,12 +724,25 @@ pub const PRESETS: &[Preset] = &[
     },
 ];
 
-/// Look a preset up by name or alias, case-insensitively.
+/// Do two catalog spellings name the same model? Case, and the separators
+/// people write or leave out (`resnet50`, `ResNet-50`, `resnet_50`,
+/// `vit-b/16`), do not count; dots do (`llama-3.1` is not `llama-31`).
+pub fn same_name(a: &str, b: &str) -> bool {
+    let key = |s: &str| {
+        s.trim()
+            .chars()
+            .filter(|c| !matches!(c, '-' | '_' | ' ' | '/'))
+            .map(|c| c.to_ascii_lowercase())
+            .collect::<String>()
+    };
+    key(a) == key(b)
+}
+
+/// Look a preset up by name or alias, case- and separator-insensitively.
 pub fn find(name: &str) -> Option<&'static Preset> {
-    let name = name.trim();
-    PRESETS.iter().find(|p| {
-        p.name.eq_ignore_ascii_case(name) || p.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
-    })
+    PRESETS
+        .iter()
+        .find(|p| same_name(p.name, name) || p.aliases.iter().any(|a| same_name(a, name)))
 }
 
 /// All catalog names, for error messages.
@@ -741,6 +754,28 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn spellings_are_unambiguous_across_both_catalogs() {
+        let mut all: Vec<&str> = PRESETS
+            .iter()
+            .flat_map(|p| std::iter::once(p.name).chain(p.aliases.iter().copied()))
+            .collect();
+        let owners = |n: &str| {
+            let text = PRESETS
+                .iter()
+                .filter(|p| same_name(p.name, n) || p.aliases.iter().any(|a| same_name(a, n)));
+            let vision = crate::estimate::vision::names().filter(|v| same_name(v, n));
+            text.count() + vision.count()
+        };
+        all.extend(crate::estimate::vision::names());
+        for n in all {
+            assert!(owners(n) <= 1 || find(n).is_some(), "{n}");
+        }
+        assert_eq!(find("LLaMA_3.1 8B").map(|p| p.name), Some("llama-3.1-8b"));
+        assert!(crate::estimate::vision::find("ResNet_50").is_some());
+        assert!(crate::estimate::vision::find("resnet 50").is_some());
+    }
 
     #[test]
     fn names_and_aliases_are_unique_case_insensitively() {

@@ -6,10 +6,12 @@ use super::arch::{Arch, Kind};
 use super::gpus::{self, GpuProduct};
 use super::layers::LayerStack;
 use super::params::{self, Counts};
+use super::peft::Peft;
+use super::stacks::{LossChunking, Profile, QuantLibrary};
 use super::{GIB, PhaseBytes};
 use crate::api::{
-    Attention, Checkpointing, Loss, Offload, Optimizer, PipelineSchedule, Precision, Quantization,
-    ResolvedModel, Strategy, TrainingMode, ValidatedJob,
+    Attention, Checkpointing, Loss, Offload, Optimizer, OptimizerImplementation, PipelineSchedule,
+    Precision, Quantization, ResolvedModel, Strategy, TrainingMode, ValidatedJob,
 };
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -122,8 +124,13 @@ const FRAGMENTATION: f64 = 0.08;
 /// Average rounding loss per large tensor: blocks above 10 MiB come from
 /// their own cudaMalloc rounded up to 2 MiB (CUDACachingAllocator).
 const ROUNDING_PER_TENSOR: f64 = 1.0 * MIB;
-/// Tokens per chunk in a chunked loss (LitGPT, Liger).
-const LOSS_CHUNK_TOKENS: f64 = 128.0;
+/// Tokens per loss chunk of `b` samples of `s` tokens under `chunking`.
+fn loss_chunk_tokens(chunking: LossChunking, s: f64) -> f64 {
+    match chunking {
+        LossChunking::Tokens(n) => f64::from(n).min(s),
+        LossChunking::Count(k) => (s / f64::from(k.max(1))).ceil(),
+    }
+}
 
 /// LLaMA-Adapter's trainable prompt: 10 prefix vectors and a gate per block.
 const ADAPTER_PREFIX_LENGTH: f64 = 10.0;
@@ -190,8 +197,8 @@ pub struct StepModel {
     inference: bool,
     workspaces: f64,
     fixed: Fixed,
-    /// Known accumulation steps (None: no globalBatchSize given).
-    gradient_accumulation: Option<u64>,
+    /// Gradients of earlier micro-batches are live through forward.
+    accumulating: bool,
 }
 
 fn precision_bytes(p: Precision) -> (f64, bool) {
@@ -218,30 +225,54 @@ fn quantized_bytes(q: Quantization, in_features: f64) -> Option<f64> {
 impl StepModel {
     /// One model per pipeline stage worth checking (the first and the last
     /// when there are several; they hold the embedding and the head).
-    pub fn candidates(job: &ValidatedJob, gpu: &'static GpuProduct) -> Vec<StepModel> {
+    pub fn candidates(
+        job: &ValidatedJob,
+        gpu: &'static GpuProduct,
+        profile: &Profile,
+    ) -> Vec<StepModel> {
         let pp = job.spec.parallelism.pipeline_parallel.max(1);
         match &job.model {
             ResolvedModel::Transformer(arch) if pp > 1 => vec![
-                StepModel::with_stage(job, gpu, transformer_stage(job, arch, true, false)),
-                StepModel::with_stage(job, gpu, transformer_stage(job, arch, false, true)),
+                StepModel::with_stage(
+                    job,
+                    gpu,
+                    profile,
+                    transformer_stage(job, arch, true, false, profile),
+                ),
+                StepModel::with_stage(
+                    job,
+                    gpu,
+                    profile,
+                    transformer_stage(job, arch, false, true, profile),
+                ),
             ],
-            _ => vec![StepModel::new(job, gpu)],
+            _ => vec![StepModel::new(job, gpu, profile)],
         }
     }
 
-    pub fn new(job: &ValidatedJob, gpu: &'static GpuProduct) -> StepModel {
+    pub fn new(job: &ValidatedJob, gpu: &'static GpuProduct, profile: &Profile) -> StepModel {
         let stage = match &job.model {
-            ResolvedModel::Transformer(arch) => transformer_stage(job, arch, true, true),
+            ResolvedModel::Transformer(arch) => transformer_stage(job, arch, true, true, profile),
             ResolvedModel::Custom {
                 parameters,
                 activation_bytes_per_sample,
-            } => custom_stage(job, *parameters as f64, *activation_bytes_per_sample as f64),
-            ResolvedModel::Layers(stack) => layers_stage(job, stack),
+            } => custom_stage(
+                job,
+                profile,
+                *parameters as f64,
+                *activation_bytes_per_sample as f64,
+            ),
+            ResolvedModel::Layers(stack) => layers_stage(job, profile, stack),
         };
-        StepModel::with_stage(job, gpu, stage)
+        StepModel::with_stage(job, gpu, profile, stage)
     }
 
-    fn with_stage(job: &ValidatedJob, gpu: &'static GpuProduct, stage: Stage) -> StepModel {
+    fn with_stage(
+        job: &ValidatedJob,
+        gpu: &'static GpuProduct,
+        profile: &Profile,
+        stage: Stage,
+    ) -> StepModel {
         let t = &job.spec.training;
         let p = &job.spec.parallelism;
         let overheads = gpus::overheads(gpu.architecture);
@@ -261,11 +292,12 @@ impl StepModel {
                 context: overheads.cuda_context_bytes as f64,
                 nccl,
             },
-            gradient_accumulation: job
-                .spec
-                .training
-                .global_batch_size
-                .map(|_| job.gradient_accumulation_steps),
+            // With a globalBatchSize the steps are known; without one, the
+            // stack's default decides (a plain PyTorch loop does not accumulate).
+            accumulating: match job.spec.training.global_batch_size {
+                Some(_) => job.gradient_accumulation_steps > 1,
+                None => profile.accumulates_by_default,
+            },
         }
     }
 
@@ -292,13 +324,8 @@ impl StepModel {
             out.push(p);
             return out;
         }
-        // Gradients from earlier micro-batches are live while accumulating;
-        // without a globalBatchSize the accumulation is unknown, so assume it.
-        let accumulated = if self.gradient_accumulation != Some(1) {
-            s.grads
-        } else {
-            0.0
-        };
+        // Gradients from earlier micro-batches are live while accumulating.
+        let accumulated = if self.accumulating { s.grads } else { 0.0 };
 
         let mut fwd = base(StepPhase::ForwardEnd);
         fwd.components[Component::Weights as usize] += s.weight_transient;
@@ -310,19 +337,23 @@ impl StepModel {
             if accumulated > 0.0 { s.comm } else { 0.0 };
         out.push(fwd);
 
+        // The loss's backward runs before the head's: no weight gradient and
+        // no head temporaries yet (measured on the meta-device reference).
         let mut bs = base(StepPhase::BackwardStart);
         bs.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
-        bs.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
+        bs.components[Component::Gradients as usize] = accumulated;
         bs.components[Component::Activations as usize] = s.activations;
         bs.components[Component::Logits as usize] = s.logits_backward;
-        bs.components[Component::Temporaries as usize] = s.temp_head;
         bs.components[Component::CommBuffers as usize] = s.comm;
 
-        // The same but for what the loss held and the block's temporaries.
+        // Then the head and the last block: the loss's tensors are gone, the
+        // logits the loop holds remain, the first gradients and the block's
+        // temporaries are live.
         let mut bl = bs.clone();
         bl.phase = StepPhase::BackwardLastBlock;
+        bl.components[Component::Gradients as usize] = accumulated.max(s.grads_live_in_backward);
         bl.components[Component::Logits as usize] = s.logits_kept;
-        bl.components[Component::Temporaries as usize] = s.temp_backward;
+        bl.components[Component::Temporaries as usize] = s.temp_backward.max(s.temp_head);
         out.push(bs);
         out.push(bl);
 
@@ -413,13 +444,22 @@ fn recipe(job: &ValidatedJob) -> Recipe {
 }
 
 /// Optimizer bytes per trainable parameter: (allocated, paged, step temporaries).
-fn optimizer_bytes(job: &ValidatedJob, r: &Recipe, hidden: f64) -> (f64, f64, f64) {
+fn optimizer_bytes(
+    job: &ValidatedJob,
+    profile: &Profile,
+    r: &Recipe,
+    hidden: f64,
+) -> (f64, f64, f64) {
     let strategy = job.spec.parallelism.strategy;
-    let foreach = matches!(strategy, Strategy::Ddp | Strategy::Fsdp);
+    // DeepSpeed and Megatron step their own fused optimizers whatever the loop.
+    let foreach = matches!(strategy, Strategy::Ddp | Strategy::Fsdp)
+        && profile.optimizer == OptimizerImplementation::Foreach;
     let s = r.state;
     match job.spec.training.optimizer {
-        // Two moments; PyTorch's default foreach implementation materialises
-        // one moment-sized temporary (sqrt of the second moment) per group.
+        // Two moments; the foreach implementation materialises one
+        // moment-sized temporary (`_foreach_sqrt` of the second moments) over
+        // the whole group (torch/optim/adamw.py, `_multi_tensor_adamw`); the
+        // fused kernel and the for-loop one tensor's worth at most.
         Optimizer::Adam | Optimizer::Adamw => {
             (r.master + 2.0 * s, 0.0, if foreach { s } else { 0.0 })
         }
@@ -436,7 +476,13 @@ fn optimizer_bytes(job: &ValidatedJob, r: &Recipe, hidden: f64) -> (f64, f64, f6
     }
 }
 
-fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -> Stage {
+fn transformer_stage(
+    job: &ValidatedJob,
+    arch: &Arch,
+    first: bool,
+    last: bool,
+    profile: &Profile,
+) -> Stage {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
@@ -446,14 +492,23 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     let tp = p.tensor_parallel.max(1) as f64;
     let pp = p.pipeline_parallel.max(1) as f64;
     let cp = p.context_parallel.max(1) as f64;
-    let dp = job.data_parallel.max(1) as f64;
+    // The ranks ZeRO/FSDP shard over: data parallel, times context parallel
+    // where the stack applies FSDP over the dp × cp mesh.
+    let dp = job.data_parallel.max(1) as f64
+        * if profile.shards_over_context_parallel {
+            cp
+        } else {
+            1.0
+        };
     let zero = p.zero_stage;
     let blocks = (arch.layers + arch.decoder_layers) as f64;
     let stage_blocks = (blocks / pp).ceil();
     let stage_share = stage_blocks / blocks.max(1.0);
     let h = arch.hidden as f64;
     let b = t.micro_batch_size as f64;
-    let s = t.sequence_length as f64;
+    let method = Peft::of(job);
+    // Prompt tuning's virtual tokens are positions like any other.
+    let s = t.sequence_length as f64 + method.extra_positions() as f64;
     let tokens = b * s / cp;
     let v = arch.vocab as f64;
     let inference = t.mode == TrainingMode::Inference;
@@ -488,7 +543,10 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
 
     // ---- Trainable parameters ----
     let explicit = t.trainable_parameters.map(|v| v * stage_share / tp);
-    let adapter_default = prefix_adapter_parameters(arch) * stage_share;
+    let adapter_default = match method {
+        Peft::LlamaAdapter { layers: None } => prefix_adapter_parameters(arch),
+        _ => method.trainable_parameters(arch),
+    } * stage_share;
     let trainable = match t.mode {
         TrainingMode::Inference => 0.0,
         TrainingMode::Full => explicit.unwrap_or(stage_params),
@@ -513,10 +571,11 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         weights /= dp;
         // The block being computed plus the prefetched next one.
         weight_transient += 2.0 * block_gathered;
-        if t.mode != TrainingMode::Full && p.strategy == Strategy::Fsdp {
-            // FSDP reshards a unit after backward from its gradient hook; frozen
-            // units get no gradient, so they stay unsharded once backward has
-            // gathered them (16-bit copies of every frozen weight).
+        if profile.frozen_units_stay_unsharded {
+            // FSDP1 reshards a unit after backward from its gradient hook;
+            // frozen units get no gradient, so without the reshard-only hook
+            // they stay unsharded once backward has gathered them (16-bit
+            // copies of every frozen weight).
             frozen_unsharded = (linear + head + embedding + small) * elem;
         }
     }
@@ -531,11 +590,28 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     // saved for backward, so all of them are live at the end of forward.
     // Quantized linears dequantize per call instead (a transient, below).
     if mixed && zero < 3 && strategy_is_torch && !inference && quant.is_none() {
-        weight_transient += (linear + head) * elem;
+        // A checkpointed block keeps none of its casts (its saved tensors are
+        // dropped and recomputed; op-level selective checkpointing recomputes
+        // casts too), so only the blocks that are not checkpointed hold theirs.
+        let every = t.checkpoint_every.unwrap_or(1).max(1) as f64;
+        let kept_share = match t.gradient_checkpointing {
+            Checkpointing::None | Checkpointing::Selective => 1.0,
+            Checkpointing::Full | Checkpointing::OpSelective => (every - 1.0) / every,
+        };
+        // A tied head multiplies by the embedding's matrix: its 16-bit cast is
+        // saved by the head's matmul for the hidden states' gradient.
+        let tied_head = if last && head == 0.0 && arch.tied && job.head == crate::api::Head::Lm {
+            embedding
+        } else {
+            0.0
+        };
+        weight_transient += (linear * kept_share + head + tied_head) * elem;
         // Autocast caches the cast only of weights that require grad: a
         // frozen head run once per loss chunk is cast, and saved, per chunk.
         if t.mode != TrainingMode::Full && t.loss == Loss::Chunked && last {
-            let chunks = (s / cp / LOSS_CHUNK_TOKENS).ceil().max(1.0);
+            let chunks = (s / cp / loss_chunk_tokens(profile.loss_chunking, s / cp))
+                .ceil()
+                .max(1.0);
             weight_transient += head * elem * (chunks - 1.0);
         }
     }
@@ -547,8 +623,10 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     }
     let largest_matrix = counts.largest_matrix as f64 / tp;
     let grads_full = grads;
-    let mut grads_live_in_backward = if t.mode == TrainingMode::Full && last {
-        // The head's gradient is the first one backward produces.
+    let lm_head = job.head == crate::api::Head::Lm;
+    let mut grads_live_in_backward = if t.mode == TrainingMode::Full && last && lm_head {
+        // The LM head's gradient is the first one backward produces (a
+        // classifier's is small, and a tied embedding's then comes last).
         (head.max(if arch.tied { embedding } else { 0.0 })) * r.grad
             / if zero >= 2 { dp } else { 1.0 }
     } else {
@@ -561,10 +639,20 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     }
 
     // ---- Optimizer ----
-    let (opt_alloc, opt_paged, opt_temp) = optimizer_bytes(job, &r, h);
+    let (opt_alloc, opt_paged, opt_temp) = optimizer_bytes(job, profile, &r, h);
     let mut optimizer = trainable * opt_alloc;
     let mut optimizer_paged = trainable * opt_paged;
     let mut optimizer_temp = trainable * opt_temp;
+    if let Some((projected, matrices)) = method.galore_block_state_elements(arch) {
+        // GaLore: the block matrices' states are the projected ones; the
+        // rest (embedding, head, norms) keep the optimizer's own.
+        let per_param = (opt_alloc - r.master).max(0.0) / 2.0;
+        let block_matrices = matrices * stage_blocks / tp;
+        let projected = projected * stage_blocks / tp;
+        let full_states = (trainable - block_matrices).max(0.0);
+        optimizer = trainable * r.master + (full_states * 2.0 + projected) * per_param;
+        optimizer_temp = optimizer_temp.min(projected * per_param);
+    }
     if zero >= 1 {
         optimizer /= dp;
         optimizer_paged /= dp;
@@ -593,6 +681,11 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         mixed,
         weights_trainable: t.mode == TrainingMode::Full,
         quantized: job.quantization != Quantization::None,
+        quantized_input_saved: profile.quantization == QuantLibrary::Bitsandbytes,
+        frozen_linear_saves_input: profile.frozen_linear_saves_input,
+        lora_dropout_per_module: profile.lora_dropout_per_module,
+        peft: &method,
+        checkpoint_every: t.checkpoint_every.unwrap_or(1).max(1) as f64,
         attention: t.attention,
         sequence: s / cp,
         tensor_parallel: tp,
@@ -612,11 +705,17 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     // A prefix adapter on one stage: the blocks under the first adapted one
     // keep nothing (with pipeline stages every block is counted, the safe side).
     let kept_enc_blocks = if t.mode == TrainingMode::Adapter
+        && method.trains_top_blocks_only()
         && !ctx.scaled_linears
         && pp <= 1.0
         && arch.kind == Kind::Decoder
     {
-        prefix_adapted_blocks(arch, t.trainable_parameters).min(enc_blocks)
+        match method {
+            Peft::LlamaAdapter {
+                layers: Some(layers),
+            } => (layers as f64).min(enc_blocks),
+            _ => prefix_adapted_blocks(arch, t.trainable_parameters).min(enc_blocks),
+        }
     } else {
         enc_blocks
     };
@@ -649,30 +748,43 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     let recompute = if t.gradient_checkpointing == Checkpointing::None {
         0.0
     } else {
-        layer_activations
+        // The recomputed block, with its autocast weight casts.
+        let casts = if mixed && zero < 3 && strategy_is_torch && quant.is_none() {
+            block_gathered
+        } else {
+            0.0
+        };
+        layer_activations + casts
     };
 
     // ---- Logits and loss ----
     let logit_tokens = tokens;
     let vocab_rank = v / tp;
     let (mut logits_forward, mut logits_backward) = (0.0, 0.0);
+    // The model's own logits, while the loop holds them through backward.
+    let held = if profile.logits_kept { elem } else { 0.0 };
+    let chunk_tokens = loss_chunk_tokens(profile.loss_chunking, s / cp);
     if last && job.head == crate::api::Head::Lm && !inference {
         match t.loss {
             Loss::Standard => {
                 // lm_head output, fp32 upcast for the loss, fp32 log-softmax
-                // saved for backward; backward adds the fp32 gradient.
+                // saved for backward. Backward through the log-softmax holds
+                // three fp32 planes: its saved output, the gradient nll_loss
+                // hands it and the gradient it produces (measured on the
+                // meta-device reference, benches/reference).
                 let upcast = if elem < 4.0 { 4.0 } else { 0.0 };
                 logits_forward = logit_tokens * vocab_rank * (elem + upcast + 4.0);
-                logits_backward = logit_tokens * vocab_rank * (elem + 4.0 + 4.0);
+                logits_backward = logit_tokens * vocab_rank * (held + 12.0);
             }
             Loss::Chunked => {
                 // The 16-bit logits (kept per chunk) and each chunk's
                 // log-softmax; the fp32 upcast is only ever one chunk wide.
-                let chunk = b * LOSS_CHUNK_TOKENS.min(s / cp) * vocab_rank * 8.0;
+                let chunk = b * chunk_tokens * vocab_rank * 8.0;
                 // Under autocast the log-softmax runs, and is saved, in fp32.
                 let saved = if mixed { 4.0 } else { elem };
                 logits_forward = logit_tokens * vocab_rank * (elem + saved) + chunk;
-                logits_backward = logits_forward + chunk;
+                logits_backward =
+                    logits_forward + chunk - logit_tokens * vocab_rank * (elem - held);
             }
         }
         if arch.final_softcap {
@@ -695,7 +807,13 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         // bitsandbytes dequantizes a 4-bit weight to the dtype it was
         // quantized from (fp16: Lightning quantizes from fp16, Transformers
         // loads 4-bit models in fp16 by default) and then casts it to the
-        // compute dtype; both copies are live at the cast.
+        // compute dtype; both copies are live at the cast. torchao's NF4
+        // dequantizes straight to the input's dtype: one copy.
+        Quantization::Nf4 | Quantization::Nf4Double
+            if profile.quantization == QuantLibrary::Torchao =>
+        {
+            largest_matrix * elem
+        }
         Quantization::Nf4 | Quantization::Nf4Double => {
             let cast = if matches!(t.precision, Precision::Fp16 | Precision::Fp16Mixed) {
                 0.0
@@ -705,7 +823,8 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
             largest_matrix * (2.0 + cast)
         }
     };
-    let temp_forward = tokens * elem * i_width + dequant;
+    let temp_forward =
+        tokens * elem * i_width + dequant + method.forward_transient(arch, elem, lora_targets) / tp;
     // Gradients of one block's largest activations plus a weight gradient
     // buffer before it is accumulated.
     let weight_grad_temp = if t.mode == TrainingMode::Full {
@@ -717,7 +836,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
         tokens * elem * (2.0 * i_width + 2.0 * h) + dequant + weight_grad_temp + recompute;
     let temp_head = dequant + weight_grad_temp;
     let logits_kept = if logits_backward > 0.0 {
-        logit_tokens * vocab_rank * elem
+        logit_tokens * vocab_rank * held
     } else {
         0.0
     };
@@ -773,7 +892,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
     let logits_tensor = if last && job.head == crate::api::Head::Lm && !inference {
         match t.loss {
             Loss::Standard => logit_tokens * vocab_rank * 4.0,
-            Loss::Chunked => b * LOSS_CHUNK_TOKENS.min(s) * vocab_rank * 4.0,
+            Loss::Chunked => b * chunk_tokens * vocab_rank * 4.0,
         }
     } else {
         0.0
@@ -822,6 +941,7 @@ fn transformer_stage(job: &ValidatedJob, arch: &Arch, first: bool, last: bool) -
 /// ZeRO stage and offload: (grads, optimizer, paged optimizer, optimizer temporaries).
 fn sharded_states(
     job: &ValidatedJob,
+    profile: &Profile,
     r: &Recipe,
     trainable: f64,
     hidden: f64,
@@ -838,7 +958,7 @@ fn sharded_states(
     ) {
         return (grads, 0.0, 0.0, 0.0);
     }
-    let (oa, op, ot) = optimizer_bytes(job, r, hidden);
+    let (oa, op, ot) = optimizer_bytes(job, profile, r, hidden);
     let div = if p.zero_stage >= 1 { dp } else { 1.0 };
     (
         grads,
@@ -848,7 +968,12 @@ fn sharded_states(
     )
 }
 
-fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Stage {
+fn custom_stage(
+    job: &ValidatedJob,
+    profile: &Profile,
+    parameters: f64,
+    act_per_sample: f64,
+) -> Stage {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
@@ -878,7 +1003,7 @@ fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Sta
         weight_transient = 0.0;
     }
     let (grads, optimizer, optimizer_paged, optimizer_temp) =
-        sharded_states(job, &r, trainable, 4096.0);
+        sharded_states(job, profile, &r, trainable, 4096.0);
     let activations = act_per_sample * b;
     Stage {
         weights,
@@ -910,7 +1035,7 @@ fn custom_stage(job: &ValidatedJob, parameters: f64, act_per_sample: f64) -> Sta
 }
 
 /// An MLP/CNN from a layer list: activations from shape propagation.
-fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
+fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack) -> Stage {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
@@ -946,7 +1071,7 @@ fn layers_stage(job: &ValidatedJob, stack: &LayerStack) -> Stage {
         weight_transient = 0.0;
     }
     let (grads, optimizer, optimizer_paged, optimizer_temp) =
-        sharded_states(job, &r, trainable, 1024.0);
+        sharded_states(job, profile, &r, trainable, 1024.0);
     let fused = t.attention != Attention::Eager;
     let full = stack.saved_bytes_per_sample_with(elem, mixed, fused) * b
         + stack.saved_fp32_elems_per_batch as f64 * 4.0;

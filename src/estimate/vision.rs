@@ -176,10 +176,10 @@ impl VisionPreset {
 
 /// The preset called `name` (or one of its aliases), case-insensitively.
 pub fn find(name: &str) -> Option<&'static VisionPreset> {
-    let name = name.trim();
-    PRESETS.iter().find(|p| {
-        p.name.eq_ignore_ascii_case(name) || p.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
-    })
+    use super::presets::same_name;
+    PRESETS
+        .iter()
+        .find(|p| same_name(p.name, name) || p.aliases.iter().any(|a| same_name(a, name)))
 }
 
 /// All vision preset names, for error messages.

@@ -145,7 +145,7 @@ pub fn decide(
             " (estimates raised ×{scale:.2} by earlier out-of-memory deaths: {} per GPU as written)",
             estimate::gib(scale_bytes(
                 estimate::estimate(job, fallback_product())
-                    .map(|e| e.status.per_gpu_bytes)
+                    .map(|e| e.status.fit_per_gpu_bytes())
                     .unwrap_or(0),
                 scale
             ))

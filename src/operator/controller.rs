@@ -438,7 +438,7 @@ async fn pending(
             let where_ = placement_words(&placement);
             let per_gpu = format!(
                 "{} GiB",
-                estimate::gib(scale_bytes(a.estimate.per_gpu_bytes, scale))
+                estimate::gib(scale_bytes(a.estimate.fit_per_gpu_bytes(), scale))
             );
             let message = format!(
                 "{where_}: {per_gpu} per GPU estimated{}{}",
@@ -906,7 +906,7 @@ async fn attempt_failed(
     let estimated = status
         .estimate
         .as_ref()
-        .map(|e| e.per_gpu_bytes)
+        .map(|e| e.fit_per_gpu_bytes())
         .unwrap_or(0);
     let Some(found) = found else {
         let message = format!("Job {job_name} failed: {job_message}");

@@ -88,7 +88,9 @@ pub fn micro_batch_slowdown(old_micro: u64, new_micro: u64, sequence_length: u64
 pub fn checkpointing(c: Checkpointing) -> f64 {
     match c {
         Checkpointing::None => 1.0,
-        Checkpointing::Selective => SELECTIVE_CHECKPOINTING,
+        // Op-level selective recomputes the matmuls it did not save: half of
+        // a block's matmuls, between Megatron's selective and full.
+        Checkpointing::Selective | Checkpointing::OpSelective => SELECTIVE_CHECKPOINTING,
         Checkpointing::Full => FULL_CHECKPOINTING,
     }
 }

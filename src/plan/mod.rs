@@ -135,12 +135,12 @@ pub fn fit(
 /// Does the job of `est` fit `gpu`, its framework allocator's limit included?
 pub fn fit_estimate(est: &Estimate, safety_margin: f64, gpu: GpuView) -> Verdict {
     fit_limited(
-        est.status.per_gpu_bytes,
+        est.status.fit_per_gpu_bytes(),
         est.status.largest_tensor_bytes,
         safety_margin,
         gpu,
         est.allocator_limit
-            .map(|l| (est.status.peak_reserved_bytes, l)),
+            .map(|l| (est.status.fit_reserved_bytes(), l)),
     )
 }
 

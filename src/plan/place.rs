@@ -242,11 +242,11 @@ fn place_job(
         representative(arch),
     ) {
         Ok(e) => Some(Need {
-            per_gpu_bytes: scale_bytes(e.status.per_gpu_bytes, scale),
+            per_gpu_bytes: scale_bytes(e.status.fit_per_gpu_bytes(), scale),
             largest_tensor_bytes: e.status.largest_tensor_bytes,
             allocator: e
                 .allocator_limit
-                .map(|l| (scale_bytes(e.status.peak_reserved_bytes, scale), l)),
+                .map(|l| (scale_bytes(e.status.fit_reserved_bytes(), scale), l)),
         }),
         Err(e) => {
             error = Some(e);

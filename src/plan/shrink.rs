@@ -162,7 +162,9 @@ fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
             Checkpointing::None => o
                 .checkpointing
                 .extend([Checkpointing::Selective, Checkpointing::Full]),
-            Checkpointing::Selective => o.checkpointing.push(Checkpointing::Full),
+            Checkpointing::Selective | Checkpointing::OpSelective => {
+                o.checkpointing.push(Checkpointing::Full)
+            }
             Checkpointing::Full => {}
         }
     }
@@ -501,7 +503,7 @@ fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
         assert_eq!(e.status, p.estimate);
         assert!(
             fit(
-                e.status.per_gpu_bytes,
+                e.status.fit_per_gpu_bytes(),
                 e.status.largest_tensor_bytes,
                 0.05,
                 empty(g)

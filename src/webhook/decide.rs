@@ -223,7 +223,10 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
         .or_else(|| {
             let catalog = biggest.catalog.unwrap_or(fallback);
             crate::estimate::estimate(&job, catalog).ok().map(|e| {
-                plan::with_margin(e.status.per_gpu_bytes, job.spec.fit_policy.safety_margin)
+                plan::with_margin(
+                    e.status.fit_per_gpu_bytes(),
+                    job.spec.fit_policy.safety_margin,
+                )
             })
         })
         .unwrap_or(0);

@@ -1,0 +1,262 @@
+//! Parameter-efficient fine-tuning methods: where each trains (which blocks
+//! keep activations), what it adds per token and per step, and how many
+//! parameters it trains when the spec does not say. Read from Hugging Face
+//! PEFT (huggingface/peft src/peft/tuners/*/layer.py and
+//! src/peft/peft_model.py) unless named otherwise.
+
+use super::arch::{Arch, Mlp};
+use crate::api::{LoraVariant, PeftMethod, TrainingMode, ValidatedJob};
+
+/// PEFT's default number of virtual tokens is the user's; 20 is the value its
+/// documentation and examples use.
+pub const DEFAULT_VIRTUAL_TOKENS: u64 = 20;
+/// VeRA's default rank (`VeraConfig.r = 256`).
+pub const DEFAULT_VERA_RANK: u64 = 256;
+/// GaLore's rank in its paper's and the `galore-torch` examples' recipes.
+pub const DEFAULT_GALORE_RANK: u64 = 128;
+
+/// The method one job trains with, its defaults resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Peft {
+    /// Full training or inference: nothing added.
+    None,
+    /// LoRA and its variants (the shape lives in `ValidatedJob::lora`).
+    Lora { dora: bool },
+    /// LLaMA-Adapter: a learned prefix and gate in the top `layers` blocks.
+    LlamaAdapter { layers: Option<u64> },
+    /// (IA)³: learned vectors scaling k, v and the input of down_proj.
+    Ia3 { targets: Vec<String> },
+    /// VeRA: frozen shared random projections, trained scaling vectors.
+    Vera { rank: u64, targets: Vec<String> },
+    /// Prompt tuning: virtual tokens prepended to the input embeddings.
+    PromptTuning { tokens: u64 },
+    /// Prefix tuning: learned keys and values prepended in every block.
+    PrefixTuning { tokens: u64 },
+    /// LayerNorm tuning: only the norms' weights train.
+    LnTuning,
+    /// GaLore: full-parameter training with low-rank projected optimizer states.
+    Galore { rank: u64 },
+}
+
+fn owned(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+impl Peft {
+    pub fn of(job: &ValidatedJob) -> Peft {
+        let t = &job.spec.training;
+        let spec = t.peft.as_ref();
+        match (t.mode, spec.map(|p| p.method)) {
+            (TrainingMode::Lora | TrainingMode::Qlora, _) => Peft::Lora {
+                dora: job
+                    .lora
+                    .as_ref()
+                    .is_some_and(|l| l.variant == LoraVariant::Dora),
+            },
+            (TrainingMode::Full, Some(PeftMethod::Galore)) => Peft::Galore {
+                rank: spec.and_then(|p| p.rank).unwrap_or(DEFAULT_GALORE_RANK),
+            },
+            (TrainingMode::Adapter, method) => {
+                let p = spec;
+                let targets = |default: &[&str]| {
+                    p.and_then(|p| p.target_modules.clone())
+                        .unwrap_or_else(|| owned(default))
+                };
+                let tokens = p
+                    .and_then(|p| p.virtual_tokens)
+                    .unwrap_or(DEFAULT_VIRTUAL_TOKENS);
+                match method {
+                    None | Some(PeftMethod::LlamaAdapter) => Peft::LlamaAdapter {
+                        layers: p.and_then(|p| p.layers),
+                    },
+                    // IA3's defaults for Llama-style models (peft/utils/constants.py,
+                    // TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING).
+                    Some(PeftMethod::Ia3) => Peft::Ia3 {
+                        targets: targets(&["k_proj", "v_proj", "down_proj"]),
+                    },
+                    Some(PeftMethod::Vera) => Peft::Vera {
+                        rank: p.and_then(|p| p.rank).unwrap_or(DEFAULT_VERA_RANK),
+                        targets: targets(&["q_proj", "v_proj"]),
+                    },
+                    Some(PeftMethod::PromptTuning) => Peft::PromptTuning { tokens },
+                    Some(PeftMethod::PrefixTuning) => Peft::PrefixTuning { tokens },
+                    Some(PeftMethod::LnTuning) => Peft::LnTuning,
+                    // Validation keeps GaLore to mode full.
+                    Some(PeftMethod::Galore) => Peft::None,
+                }
+            }
+            _ => Peft::None,
+        }
+    }
+
+    /// Positions every block sees beyond the sample's own tokens: prompt
+    /// tuning concatenates its virtual tokens to the input embeddings (and
+    /// pads the labels), so they are real positions everywhere
+    /// (peft/peft_model.py, `PeftModelForCausalLM.forward`).
+    pub fn extra_positions(&self) -> u64 {
+        match self {
+            Peft::PromptTuning { tokens } => *tokens,
+            _ => 0,
+        }
+    }
+
+    /// Blocks under the first trainable tensor keep nothing for backward;
+    /// only LLaMA-Adapter trains in the top blocks alone. Every other method
+    /// has a trainable tensor in (or below) the first block.
+    pub fn trains_top_blocks_only(&self) -> bool {
+        matches!(self, Peft::LlamaAdapter { .. })
+    }
+
+    /// The norms' weights train (their normalised input is kept for the weight's gradient).
+    pub fn norms_trainable(&self) -> bool {
+        matches!(self, Peft::LnTuning)
+    }
+
+    /// Trainable parameters of one whole model, when the spec gives no count.
+    pub fn trainable_parameters(&self, a: &Arch) -> f64 {
+        let l = (a.layers + a.decoder_layers) as f64;
+        let h = a.hidden as f64;
+        let kv = (a.kv_heads * a.head_dim) as f64;
+        match self {
+            Peft::None | Peft::Lora { .. } | Peft::Galore { .. } => 0.0,
+            Peft::LlamaAdapter { layers } => {
+                let blocks = layers.map(|n| n as f64).unwrap_or(l).min(l);
+                blocks * (10.0 * h + a.heads as f64)
+            }
+            // One vector per targeted module, as wide as what it scales.
+            Peft::Ia3 { targets } => {
+                l * targets
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "down_proj" => a.intermediate as f64,
+                        other => module_out(a, other),
+                    })
+                    .sum::<f64>()
+            }
+            // lambda_d (rank) and lambda_b (output width) per module.
+            Peft::Vera { rank, targets } => {
+                l * targets
+                    .iter()
+                    .map(|t| *rank as f64 + module_out(a, t))
+                    .sum::<f64>()
+            }
+            Peft::PromptTuning { tokens } => *tokens as f64 * h,
+            // A key and a value per virtual token in every block.
+            Peft::PrefixTuning { tokens } => l * *tokens as f64 * 2.0 * kv,
+            // Two norms per block and the final norm.
+            Peft::LnTuning => (2.0 * l + 1.0) * h,
+        }
+    }
+
+    /// Bytes per token one block keeps for the method besides the base
+    /// model's own, at `elem` bytes per element.
+    pub fn block_bytes_per_token(&self, a: &Arch, elem: f64, lora_targets: &[String]) -> f64 {
+        match self {
+            // `result * ia3_scaling` keeps the k/v projection's output for the
+            // vector's gradient; the feed-forward form `x * ia3_scaling`
+            // keeps down_proj's input (peft/tuners/ia3/layer.py, `Linear.forward`).
+            Peft::Ia3 { targets } => {
+                elem * targets
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "down_proj" => a.intermediate as f64,
+                        other => module_out(a, other),
+                    })
+                    .sum::<f64>()
+            }
+            // `lambda_b * linear(lambda_d * linear(x, A), B)`: each scale keeps
+            // the other operand, r wide and out wide; the frozen A and B keep
+            // nothing (peft/tuners/vera/layer.py, `Linear.forward`).
+            Peft::Vera { rank, targets } => {
+                elem * targets
+                    .iter()
+                    .map(|t| *rank as f64 + module_out(a, t))
+                    .sum::<f64>()
+            }
+            // DoRA scales the base output and the LoRA output by the trained
+            // magnitude over the (detached) weight norm: both products keep
+            // an output-wide operand per targeted module
+            // (peft/tuners/lora/dora.py, `DoraLinearLayer.forward`).
+            Peft::Lora { dora: true } => {
+                2.0 * elem
+                    * lora_targets
+                        .iter()
+                        .filter(|t| t.as_str() != "lm_head")
+                        .map(|t| module_out(a, t))
+                        .sum::<f64>()
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// A transient per forward of the largest adapted module: DoRA builds
+    /// `lora_B(lora_A(eye(in)))` (in × in through lora_A, in × out out) and
+    /// the merged weight whose norm it takes, once per module and call.
+    pub fn forward_transient(&self, a: &Arch, elem: f64, lora_targets: &[String]) -> f64 {
+        match self {
+            Peft::Lora { dora: true } => lora_targets
+                .iter()
+                .filter(|t| t.as_str() != "lm_head")
+                .map(|t| {
+                    let (inp, out) = module_shape(a, t);
+                    elem * (inp * inp + 2.0 * inp * out)
+                })
+                .fold(0.0, f64::max),
+            _ => 0.0,
+        }
+    }
+
+    /// GaLore's optimizer state elements for one block's matrices, in place
+    /// of Adam's two per parameter: the projected gradient of an m × n matrix
+    /// is r × max(m, n) wide, Adam keeps two moments of it, and the projector
+    /// keeps r × min(m, n) (galore_torch/galore_projector.py, `GaLoreProjector`).
+    pub fn galore_block_state_elements(&self, a: &Arch) -> Option<(f64, f64)> {
+        let Peft::Galore { rank } = self else {
+            return None;
+        };
+        let r = *rank as f64;
+        let mut projected = 0.0;
+        let mut params = 0.0;
+        for m in BLOCK_MODULES {
+            if a.mlp == Mlp::Standard && *m == "gate_proj" {
+                continue;
+            }
+            let (inp, out) = module_shape(a, m);
+            let rr = r.min(inp.min(out));
+            projected += 2.0 * rr * inp.max(out) + rr * inp.min(out);
+            params += inp * out;
+        }
+        Some((projected, params))
+    }
+}
+
+const BLOCK_MODULES: &[&str] = &[
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// (input, output) width of a named projection.
+pub fn module_shape(a: &Arch, name: &str) -> (f64, f64) {
+    let h = a.hidden as f64;
+    let q = (a.heads * a.head_dim) as f64;
+    let kv = (a.kv_heads * a.head_dim) as f64;
+    let i = a.intermediate as f64;
+    match name {
+        "q_proj" => (h, q),
+        "k_proj" | "v_proj" => (h, kv),
+        "o_proj" => (q, h),
+        "gate_proj" | "up_proj" => (h, i),
+        "down_proj" => (i, h),
+        "lm_head" => (h, a.vocab as f64),
+        _ => (h, h),
+    }
+}
+
+fn module_out(a: &Arch, name: &str) -> f64 {
+    module_shape(a, name).1
+}
