@@ -83,39 +83,36 @@ impl<V> Cache<V> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The value for `key` computed against `snapshot` at `second`, computing
-    /// it with `compute` (outside the lock) when there is none; true when it
-    /// was there.
-    pub fn get_or_insert_with(
-        &self,
-        snapshot: &Snapshot,
-        second: i64,
-        key: Vec<u8>,
-        compute: impl FnOnce() -> V,
-    ) -> (Arc<V>, bool) {
+    /// The value kept for `key` against `snapshot` at `second`, if any. A
+    /// cache holding another snapshot or second is emptied and moves on to
+    /// this one.
+    pub fn get(&self, snapshot: &Snapshot, second: i64, key: &[u8]) -> Option<Arc<V>> {
         if !self.enabled() {
-            return (Arc::new(compute()), false);
+            return None;
         }
-        {
-            let mut inner = self.lock();
-            if !inner.holds(snapshot, second) {
-                inner.entries.clear();
-                inner.snapshot = Some(snapshot.clone());
-                inner.second = second;
-            } else if let Some(v) = inner.entries.get(&key) {
-                return (v.clone(), true);
-            }
-        }
-        let value = Arc::new(compute());
         let mut inner = self.lock();
-        // Another review may have moved the cache on to a newer inventory meanwhile.
+        if !inner.holds(snapshot, second) {
+            inner.entries.clear();
+            inner.snapshot = Some(snapshot.clone());
+            inner.second = second;
+            return None;
+        }
+        inner.entries.get(key).cloned()
+    }
+
+    /// Keep `value` for `key`, computed against `snapshot` at `second`
+    /// (dropped when the cache has moved on to another snapshot or second).
+    pub fn insert(&self, snapshot: &Snapshot, second: i64, key: Vec<u8>, value: Arc<V>) {
+        if !self.enabled() {
+            return;
+        }
+        let mut inner = self.lock();
         if inner.holds(snapshot, second) {
             if inner.entries.len() >= self.capacity {
                 inner.entries.clear();
             }
-            inner.entries.insert(key, value.clone());
+            inner.entries.insert(key, value);
         }
-        (value, false)
     }
 }
 
@@ -123,10 +120,13 @@ impl<V> Cache<V> {
 mod tests {
     use super::*;
 
+    /// Look `key` up, keeping a value when it is not there; true on a hit.
     fn count(cache: &Cache<u32>, snapshot: &Snapshot, second: i64, key: &[u8]) -> bool {
-        cache
-            .get_or_insert_with(snapshot, second, key.to_vec(), || 7)
-            .1
+        let hit = cache.get(snapshot, second, key).is_some();
+        if !hit {
+            cache.insert(snapshot, second, key.to_vec(), Arc::new(7));
+        }
+        hit
     }
 
     #[test]

@@ -71,15 +71,10 @@ fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / GIB)
 }
 
-fn read_job(obj: impl ReadJob) -> Result<(api::TrainingJob, ValidatedJob), String> {
-    let tj = obj.read_job().map_err(|e| e.to_string())?;
-    let job = api::validate_job(&tj).map_err(|e| e.to_string())?;
-    Ok((tj, job))
-}
-
-/// What a TrainingJob gets against one inventory at one second: everything
-/// of the decision but the job's name, so that the same spec reviewed again
-/// is answered without estimating it again.
+/// What a TrainingJob's spec gets against one inventory at one second:
+/// everything of the decision but the job's name and the immutable-field
+/// check of an UPDATE, so that the same spec reviewed again is answered
+/// without validating or estimating it again.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Judgement {
     /// Allowed, with warnings already cut to [`MAX_WARNING`].
@@ -87,6 +82,8 @@ pub enum Judgement {
         reason: Reason,
         warnings: Vec<String>,
     },
+    /// The spec does not parse or validate: `message` says which fields and why.
+    Invalid { message: String },
     /// Denied; `named` messages follow `TrainingJob <name>`.
     Deny {
         reason: Reason,
@@ -124,6 +121,10 @@ impl Judgement {
                 verdict: Verdict::Allowed,
                 reason: *reason,
             },
+            Judgement::Invalid { message } => deny(
+                Reason::InvalidSpec,
+                format!("TrainingJob {name} is invalid: {message}"),
+            ),
             Judgement::Deny {
                 reason,
                 named: false,
@@ -167,17 +168,55 @@ pub fn review_cached<O: ReadJob>(
             false,
         );
     };
-    let (tj, job) = match read_job(obj) {
-        Ok(j) => j,
-        Err(e) => {
-            let msg = format!(
-                "TrainingJob {} is invalid: {}",
-                req.name,
-                e.replace('\n', "; ")
-            );
-            return (deny(Reason::InvalidSpec, msg), false);
-        }
+    let tj = match obj.read_job() {
+        Ok(tj) => tj,
+        Err(e) => return (invalid(e.to_string()).decision(&req.name), false),
     };
+    let now = snapshot
+        .as_of_unix
+        .and_then(|s| Timestamp::from_second(s).ok())
+        .unwrap_or(now);
+    let second = now.as_second();
+    // Validation and the judgement depend on the spec and the preset hint,
+    // the inventory and, through node staleness, the second.
+    let hint = tj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(api::PRESET_HINT_ANNOTATION));
+    let key = if cache.enabled() {
+        serde_json::to_vec(&(hint, &tj.spec)).ok()
+    } else {
+        None
+    };
+    // In the order of old: validation, immutable fields, the judgement; a
+    // spec judged before skips the first and the last.
+    let hit = key.as_ref().and_then(|k| cache.get(snapshot, second, k));
+    let cached = hit.is_some();
+    let keep = |j: Judgement| {
+        let j = Arc::new(j);
+        if let Some(k) = &key {
+            cache.insert(snapshot, second, k.clone(), j.clone());
+        }
+        j
+    };
+    /// A judgement (from the cache, or of an invalid spec), or a job to judge.
+    enum Found {
+        Judged(Arc<Judgement>),
+        Valid(Box<ValidatedJob>),
+    }
+    let found = match hit {
+        Some(j) => Found::Judged(j),
+        None => match api::validate_job(&tj) {
+            Ok(job) => Found::Valid(Box::new(job)),
+            Err(e) => Found::Judged(keep(invalid(e.to_string()))),
+        },
+    };
+    if let Found::Judged(j) = &found
+        && matches!(**j, Judgement::Invalid { .. })
+    {
+        return (j.decision(&req.name), cached);
+    }
     if req.operation == Operation::Update
         && let Some(old) = req.old_object
         && let Ok(old_tj) = old.read_job()
@@ -197,30 +236,18 @@ pub fn review_cached<O: ReadJob>(
             return (deny(Reason::Immutable, msg), false);
         }
     }
-
-    let now = snapshot
-        .as_of_unix
-        .and_then(|s| Timestamp::from_second(s).ok())
-        .unwrap_or(now);
-    // The judgement depends on the spec and the preset hint (all validation
-    // reads), the inventory and, through node staleness, the second.
-    let hint = tj
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(api::PRESET_HINT_ANNOTATION));
-    let key = if cache.enabled() {
-        serde_json::to_vec(&(hint, &tj.spec)).ok()
-    } else {
-        None
-    };
-    let (judgement, cached) = match key {
-        Some(key) => cache.get_or_insert_with(snapshot, now.as_second(), key, || {
-            judge(&job, snapshot, now)
-        }),
-        None => (Arc::new(judge(&job, snapshot, now)), false),
+    let judgement = match found {
+        Found::Judged(j) => j,
+        Found::Valid(job) => keep(judge(&job, snapshot, now)),
     };
     (judgement.decision(&req.name), cached)
+}
+
+/// The judgement of a spec that does not parse or validate.
+fn invalid(error: String) -> Judgement {
+    Judgement::Invalid {
+        message: error.replace('\n', "; "),
+    }
 }
 
 /// Judge a valid job against `snapshot` at `now`.
