@@ -5,10 +5,12 @@
 //!
 //!     cargo bench --bench operator
 //!
-//! For each size N (VRAMGUARD_BENCH_JOBS, default "1000,10000"): N single-GPU
-//! TrainingJobs and N GPUs (8 per node) are created first, then the operator
-//! starts; reported: the time until every job has its Job (jobs placed per
-//! second), the controller process's resident memory (VmRSS) once settled
+//! For each size N (VRAMGUARD_BENCH_JOBS, default "1000,10000") and each kind
+//! of job (VRAMGUARD_BENCH_KINDS, default "fits,shrink": jobs that fit an H100
+//! as written, and jobs that fit only after a change their fit policy allows):
+//! N single-GPU TrainingJobs and N GPUs (8 per node) are created first, then
+//! the operator starts; reported: the time until every job has its Job (jobs
+//! placed per second), the controller process's resident memory (VmRSS) once settled
 //! and when the last job was placed, its peak (VmHWM), and the bytes live on
 //! its heap.
 
@@ -107,7 +109,8 @@ fn gpu_node(i: usize) -> GpuNode {
     g
 }
 
-const SPEC: &str = "
+/// A job that fits an H100 as written.
+const FITS: &str = "
 model: {preset: llama-3.1-8b}
 training: {mode: lora, lora: {rank: 16}, microBatchSize: 1, sequenceLength: 2048,
            precision: bf16-mixed, gradientCheckpointing: full}
@@ -116,8 +119,20 @@ template:
     containers: [{name: trainer, image: ghcr.io/example/trainer:1.0}]
 ";
 
-fn training_job(i: usize) -> TrainingJob {
-    let spec = serde_saphyr::from_str(SPEC).expect("bench spec");
+/// A job that fits an H100 only after a change its fit policy allows (the
+/// shrunk job of `examples/admission/create-fits-after-change.json`).
+const SHRINK: &str = "
+model: {preset: llama-3.1-8b}
+training: {mode: lora, lora: {rank: 16}, microBatchSize: 16, globalBatchSize: 32,
+           sequenceLength: 4096, precision: bf16, gradientCheckpointing: none, attention: sdpa}
+fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
+template:
+  spec:
+    containers: [{name: trainer, image: ghcr.io/example/trainer:1.0}]
+";
+
+fn training_job(i: usize, spec: &str) -> TrainingJob {
+    let spec = serde_saphyr::from_str(spec).expect("bench spec");
     let mut tj = TrainingJob::new(&format!("job-{i:05}"), spec);
     tj.metadata.namespace = Some("bench".into());
     tj
@@ -140,7 +155,7 @@ fn serve() {
     });
 }
 
-async fn run(jobs: usize) {
+async fn run(jobs: usize, kind: &str, spec: &str) {
     let exe = std::env::current_exe().expect("own path");
     let mut child = Command::new(exe)
         .env(ROLE, "apiserver")
@@ -184,7 +199,7 @@ async fn run(jobs: usize) {
         .for_each_concurrent(32, |i| {
             let tjs = tjs.clone();
             async move {
-                tjs.create(&PostParams::default(), &training_job(i))
+                tjs.create(&PostParams::default(), &training_job(i, spec))
                     .await
                     .expect("create TrainingJob");
             }
@@ -240,7 +255,7 @@ async fn run(jobs: usize) {
     let hwm = proc_status_kib("VmHWM:").unwrap_or(0);
     let live = live_mib();
     println!(
-        "operator/{jobs} jobs on {} GPUs: all placed in {:.2} s = {:.0} jobs/s; controller RSS {:.1} MiB settled, {:.1} MiB when the last was placed (peak {:.1} MiB, {:.1} MiB before it started); live heap {:.1} MiB ({:.1} MiB before); set-up {:.1} s",
+        "operator/{jobs} jobs that {kind} on {} GPUs: all placed in {:.2} s = {:.0} jobs/s; controller RSS {:.1} MiB settled, {:.1} MiB when the last was placed (peak {:.1} MiB, {:.1} MiB before it started); live heap {:.1} MiB ({:.1} MiB before); set-up {:.1} s",
         nodes * 8,
         elapsed.as_secs_f64(),
         jobs as f64 / elapsed.as_secs_f64(),
@@ -278,12 +293,19 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let kinds = std::env::var("VRAMGUARD_BENCH_KINDS").unwrap_or_else(|_| "fits,shrink".into());
     for n in sizes
         .split(',')
         .filter_map(|s| s.trim().parse::<usize>().ok())
     {
         // A fresh process image per size would be cleaner; the peak of the
         // smaller run is below the larger one's, so order keeps VmHWM honest.
-        rt.block_on(run(n));
+        for kind in kinds.split(',').map(str::trim) {
+            match kind {
+                "fits" => rt.block_on(run(n, "fit as written", FITS)),
+                "shrink" => rt.block_on(run(n, "need a shrink", SHRINK)),
+                other => panic!("VRAMGUARD_BENCH_KINDS: unknown kind {other:?} (fits, shrink)"),
+            }
+        }
     }
 }

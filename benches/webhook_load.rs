@@ -1,6 +1,16 @@
 //! Load on the admission webhook over TLS, as the API server applies it:
-//! N keep-alive connections posting real AdmissionReviews. Reports throughput
-//! and p50/p99 latency at a fixed 1 000 reviews/s and at saturation.
+//! N keep-alive connections posting real AdmissionReviews. For each kind of
+//! review (fits as written, fits after a change, does not fit, invalid) it
+//! reports p50/p99 latency at a fixed 1 000 reviews/s and throughput at
+//! saturation of three servers started in the same run:
+//!
+//! - `minimal`: a handler on the same TLS and HTTP stack that reads the body
+//!   and answers a fixed AdmissionReview (the ceiling of TLS + HTTP here);
+//! - `webhook`: the webhook as served, its judgement cache on (a spec seen
+//!   before against the same inventory is not judged again);
+//! - `uncached`: the webhook with the cache off, judging every review afresh.
+//!
+//! and the ratio of each webhook figure to the minimal handler's.
 //!
 //! Client and server share the machine's cores, so the client is kept cheap:
 //! one task per connection writing prebuilt HTTP/1.1 request bytes and reading
@@ -8,11 +18,11 @@
 //!
 //!     cargo bench --bench webhook_load
 //!
-//! Environment: VRAMGUARD_LOAD_SECS (default 5), VRAMGUARD_LOAD_CONNECTIONS (default 16),
-//! VRAMGUARD_LOAD_REVIEW (default examples/admission/create-fits.json).
+//! Environment: VRAMGUARD_LOAD_SECS (default 5, per measurement), VRAMGUARD_LOAD_CONNECTIONS
+//! (default 16), VRAMGUARD_LOAD_REVIEW (one review file instead of the four kinds).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use vramguard::inventory::Static;
+use vramguard::webhook::cache::DEFAULT_CAPACITY;
 use vramguard::webhook::{self, AppState, tls};
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -30,14 +41,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-async fn start() -> (SocketAddr, String) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("examples/cluster.yaml")).expect("cluster file");
-    let nodes = vramguard::api::parse::documents(&text)
-        .expect("cluster YAML")
-        .into_iter()
-        .map(|d| vramguard::api::parse::gpu_node(d).expect("GpuNode"))
-        .collect();
+/// A TLS configuration and the CA that signed it.
+fn tls_pair() -> (axum_server::tls_rustls::RustlsConfig, String) {
     let pair = tls::self_signed(&["localhost".into()]).expect("certificate");
     let config = tls::server_config_from_pem(
         pair.cert_pem.as_bytes(),
@@ -46,18 +51,55 @@ async fn start() -> (SocketAddr, String) {
         Path::new("key"),
     )
     .expect("TLS config");
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let state = Arc::new(AppState::new(Arc::new(Static::new(nodes, now))));
+    (
+        axum_server::tls_rustls::RustlsConfig::from_config(config),
+        pair.ca_pem,
+    )
+}
+
+/// Serve `router` over TLS on a free loopback port.
+async fn start(router: axum::Router, tls: axum_server::tls_rustls::RustlsConfig) -> SocketAddr {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(webhook::serve(
         "127.0.0.1:0".parse().expect("address"),
-        webhook::router(state),
-        axum_server::tls_rustls::RustlsConfig::from_config(config),
+        router,
+        tls,
         std::future::pending(),
         Duration::from_secs(1),
         Some(tx),
     ));
-    (rx.await.expect("bound"), pair.ca_pem)
+    rx.await.expect("bound")
+}
+
+/// The webhook over `examples/cluster.yaml`, with a judgement cache of `cache` entries.
+fn webhook_router(cache: usize) -> axum::Router {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("examples/cluster.yaml")).expect("cluster file");
+    let nodes = vramguard::api::parse::documents(&text)
+        .expect("cluster YAML")
+        .into_iter()
+        .map(|d| vramguard::api::parse::gpu_node(d).expect("GpuNode"))
+        .collect();
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let state = AppState::with_cache(Arc::new(Static::new(nodes, now)), cache);
+    webhook::router(Arc::new(state))
+}
+
+/// The answer of the minimal handler, whatever it is sent.
+const FIXED_ANSWER: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","allowed":true}}"#;
+
+/// Reads the body as the webhook does, answers a fixed AdmissionReview.
+fn minimal_router() -> axum::Router {
+    axum::Router::new().route(
+        "/validate",
+        axum::routing::post(|body: Bytes| async move {
+            std::hint::black_box(body);
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                FIXED_ANSWER,
+            )
+        }),
+    )
 }
 
 /// One keep-alive connection. The client writes the request bytes it built once
@@ -124,8 +166,8 @@ fn parse_head(head: &[u8]) -> (u16, usize) {
     (status, length)
 }
 
-async fn one(c: &mut Conn) -> Duration {
-    let t = Instant::now();
+/// Send the request once; the response body.
+async fn exchange(c: &mut Conn) -> Vec<u8> {
     c.tls.write_all(&c.request).await.expect("send");
     c.tls.flush().await.expect("flush");
     c.buf.clear();
@@ -136,75 +178,71 @@ async fn one(c: &mut Conn) -> Duration {
         {
             let (status, length) = parse_head(&c.buf[..end]);
             assert_eq!(status, 200, "{}", String::from_utf8_lossy(&c.buf));
-            need = Some(end + 4 + length);
+            need = Some((end + 4, end + 4 + length));
         }
-        if let Some(n) = need
+        if let Some((body, n)) = need
             && c.buf.len() >= n
         {
             assert_eq!(c.buf.len(), n, "one response per request");
-            break;
+            return c.buf[body..].to_vec();
         }
         let n = c.tls.read_buf(&mut c.buf).await.expect("receive");
         assert!(n > 0, "the server closed the connection");
     }
+}
+
+async fn one(c: &mut Conn) -> Duration {
+    let t = Instant::now();
+    exchange(c).await;
     t.elapsed()
 }
 
-fn report(label: &str, mut lat: Vec<Duration>, wall: Duration) {
+/// Reviews answered, in how long, and the latency quantiles.
+#[derive(Clone, Copy)]
+struct Stats {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
     lat.sort();
     let q = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
-    println!(
-        "{label:<28} {:>7} reviews in {:>5.2} s = {:>8.0}/s   p50 {:>7.3} ms   p99 {:>7.3} ms   max {:>7.3} ms",
-        lat.len(),
-        wall.as_secs_f64(),
-        lat.len() as f64 / wall.as_secs_f64(),
-        q(0.50).as_secs_f64() * 1e3,
-        q(0.99).as_secs_f64() * 1e3,
-        lat[lat.len() - 1].as_secs_f64() * 1e3,
-    );
+    Stats {
+        rate: lat.len() as f64 / wall.as_secs_f64(),
+        p50: q(0.50),
+        p99: q(0.99),
+    }
 }
 
-/// Every connection sends as fast as it can.
-async fn saturate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, request: Bytes) {
-    let mut tasks = Vec::new();
-    let start = Instant::now();
-    for _ in 0..conns {
-        let mut c = connect(addr, ca, request.clone()).await;
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let end = Instant::now() + Duration::from_secs(secs);
-            while Instant::now() < end {
-                lat.push(one(&mut c).await);
-            }
-            lat
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("task"));
-    }
-    report(
-        &format!("saturation, {conns} connections"),
-        all,
-        start.elapsed(),
-    );
-}
-
-/// A fixed total rate spread over the connections (open loop per connection).
-async fn fixed_rate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, rate: u64, request: Bytes) {
-    let per_conn = Duration::from_secs_f64(conns as f64 / rate as f64);
+/// Run every connection's loop for `secs` and gather the latencies.
+async fn load(
+    target: &Target<'_>,
+    conns: u64,
+    secs: u64,
+    rate: Option<u64>,
+    request: &Bytes,
+) -> Stats {
     let mut tasks = Vec::new();
     let start = Instant::now();
     for i in 0..conns {
-        let mut c = connect(addr, ca, request.clone()).await;
+        let mut c = connect(target.addr, target.ca, request.clone()).await;
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
-            let offset = per_conn.mul_f64(i as f64 / conns as f64);
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, per_conn);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            // A fixed total rate is spread over the connections (open loop per connection).
+            let mut tick = rate.map(|rate| {
+                let per_conn = Duration::from_secs_f64(conns as f64 / rate as f64);
+                let offset = per_conn.mul_f64(i as f64 / conns as f64);
+                let mut t =
+                    tokio::time::interval_at(tokio::time::Instant::now() + offset, per_conn);
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                t
+            });
             let end = Instant::now() + Duration::from_secs(secs);
             while Instant::now() < end {
-                tick.tick().await;
+                if let Some(t) = &mut tick {
+                    t.tick().await;
+                }
                 lat.push(one(&mut c).await);
             }
             lat
@@ -214,11 +252,80 @@ async fn fixed_rate(addr: SocketAddr, ca: &str, conns: u64, secs: u64, rate: u64
     for t in tasks {
         all.extend(t.await.expect("task"));
     }
-    report(
-        &format!("{rate}/s, {conns} connections"),
-        all,
-        start.elapsed(),
-    );
+    stats(all, start.elapsed())
+}
+
+/// A server under test.
+struct Target<'a> {
+    name: &'static str,
+    addr: SocketAddr,
+    ca: &'a str,
+}
+
+/// What one server did with one kind of review.
+struct Row {
+    server: &'static str,
+    at_rate: Stats,
+    saturated: Stats,
+}
+
+const RATE: u64 = 1000;
+/// The targets: reviews/s saturated, p99 at 1 000/s, fraction of the minimal handler.
+const TARGET_RATE: f64 = 10_000.0;
+const TARGET_P99: Duration = Duration::from_millis(2);
+const TARGET_RATIO: f64 = 0.5;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn print_rows(kind: &str, rows: &[Row]) {
+    let minimal = &rows[0];
+    println!("{kind}");
+    for r in rows {
+        let ratio = r.saturated.rate / minimal.saturated.rate;
+        let p99_ratio = r.at_rate.p99.as_secs_f64() / minimal.at_rate.p99.as_secs_f64();
+        let verdict = if r.server == "minimal" {
+            String::new()
+        } else {
+            let ok = r.saturated.rate >= TARGET_RATE
+                && r.at_rate.p99 <= TARGET_P99
+                && ratio >= TARGET_RATIO;
+            format!(
+                "   ×{ratio:.2} of minimal (p99 ×{p99_ratio:.2})   {}",
+                if ok { "meets the targets" } else { "MISSES" }
+            )
+        };
+        println!(
+            "  {:<9} {RATE}/s: p50 {:>6.3} ms  p99 {:>6.3} ms   saturated: {:>7.0}/s  p99 {:>6.3} ms{verdict}",
+            r.server,
+            ms(r.at_rate.p50),
+            ms(r.at_rate.p99),
+            r.saturated.rate,
+            ms(r.saturated.p99),
+        );
+    }
+}
+
+/// The review files to load, with a word each.
+fn reviews(root: &Path) -> Vec<(String, PathBuf)> {
+    if let Ok(path) = std::env::var("VRAMGUARD_LOAD_REVIEW") {
+        return vec![(path.clone(), path.into())];
+    }
+    [
+        ("fits as written", "create-fits.json"),
+        ("fits after a change", "create-fits-after-change.json"),
+        ("does not fit", "create-does-not-fit.json"),
+        ("invalid", "create-invalid.json"),
+    ]
+    .into_iter()
+    .map(|(what, file)| {
+        (
+            format!("{what} ({file})"),
+            root.join("examples/admission").join(file),
+        )
+    })
+    .collect()
 }
 
 fn main() {
@@ -231,15 +338,53 @@ fn main() {
     };
     let conns = env_u64("VRAMGUARD_LOAD_CONNECTIONS", 16);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let review = std::env::var("VRAMGUARD_LOAD_REVIEW")
-        .map(Into::into)
-        .unwrap_or_else(|_| root.join("examples/admission/create-fits.json"));
-    let request = request_bytes(&std::fs::read(&review).expect("review file"));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let (addr, ca) = start().await;
-        println!("review: {}", review.display());
-        fixed_rate(addr, &ca, conns, secs, 1000, request.clone()).await;
-        saturate(addr, &ca, conns, secs, request).await;
+        let (tls, ca) = tls_pair();
+        let targets = [
+            Target {
+                name: "minimal",
+                addr: start(minimal_router(), tls.clone()).await,
+                ca: &ca,
+            },
+            Target {
+                name: "webhook",
+                addr: start(webhook_router(DEFAULT_CAPACITY), tls.clone()).await,
+                ca: &ca,
+            },
+            Target {
+                name: "uncached",
+                addr: start(webhook_router(0), tls).await,
+                ca: &ca,
+            },
+        ];
+        println!(
+            "{conns} keep-alive connections, {secs} s per figure; targets: ≥ {TARGET_RATE:.0}/s saturated, p99 ≤ {:.0} ms at {RATE}/s, ≥ ×{TARGET_RATIO} of the minimal handler",
+            ms(TARGET_P99)
+        );
+        for (kind, path) in reviews(root) {
+            let request = request_bytes(&std::fs::read(&path).expect("review file"));
+            let mut rows = Vec::new();
+            let mut answers = Vec::new();
+            for target in &targets {
+                let mut c = connect(target.addr, target.ca, request.clone()).await;
+                let answer: serde_json::Value =
+                    serde_json::from_slice(&exchange(&mut c).await).expect("JSON answer");
+                assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+                answers.push(answer);
+                rows.push(Row {
+                    server: target.name,
+                    at_rate: load(target, conns, secs, Some(RATE), &request).await,
+                    saturated: load(target, conns, secs, None, &request).await,
+                });
+            }
+            // The cache changes no answer.
+            assert_eq!(answers[1], answers[2]);
+            let allowed = answers[1]["response"]["allowed"] == true;
+            print_rows(
+                &format!("{kind}: {}", if allowed { "allowed" } else { "denied" }),
+                &rows,
+            );
+        }
     });
 }

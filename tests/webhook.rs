@@ -339,3 +339,111 @@ async fn a_jax_job_over_the_allocator_fraction_is_told_the_setting() {
     assert!(msg.len() <= 1024, "{msg}");
     stop(server).await;
 }
+
+/// An inventory a test can change between reviews, as the live reflectors do.
+struct Swap(std::sync::Mutex<vramguard::inventory::Snapshot>);
+
+impl vramguard::inventory::Source for Swap {
+    fn snapshot(&self) -> vramguard::inventory::Snapshot {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// The response of one review sent straight to the router.
+async fn judged(router: &axum::Router, review: &Value) -> Value {
+    use tower::ServiceExt;
+    let req = axum::http::Request::post("/validate")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(review.to_string()))
+        .unwrap();
+    let resp = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    serde_json::from_slice::<Value>(&body).unwrap()["response"].clone()
+}
+
+fn review_json(name: &str) -> Value {
+    serde_json::from_slice(&review_file(name)).unwrap()
+}
+
+#[tokio::test]
+async fn a_new_gpu_node_or_memory_profile_is_never_answered_from_the_cache() {
+    use vramguard::inventory::Snapshot;
+    let fresh = |nodes| Snapshot::new(nodes, None, true, None);
+    let source = Arc::new(Swap(std::sync::Mutex::new(fresh(Vec::new()))));
+    let state = Arc::new(AppState::new(source.clone()));
+    let router = webhook::router(state.clone());
+    let fits = review_json("create-fits.json");
+    let cached = || {
+        state
+            .totals
+            .cached
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+
+    // No GPUs: denied, and the second time from the cache.
+    for _ in 0..2 {
+        let r = judged(&router, &fits).await;
+        assert_eq!(r["allowed"], false, "{r}");
+        assert!(r["status"]["message"].as_str().unwrap().contains("no GPUs"));
+    }
+    assert_eq!(cached(), 1);
+
+    // GpuNodes arrive: the same spec is judged again, and fits.
+    *source.0.lock().unwrap() = fresh(cluster());
+    let r = judged(&router, &fits).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(cached(), 1);
+    assert_eq!(judged(&router, &fits).await, r);
+    assert_eq!(cached(), 2);
+
+    // A MemoryProfile says jobs of this shape need 100 times the estimate.
+    let spec = vramguard::api::parse::training_job(fits["request"]["object"].clone())
+        .unwrap()
+        .spec;
+    let profile = vramguard::operator::fingerprint::profile_name(
+        &vramguard::operator::fingerprint::fingerprint(&spec),
+    );
+    let mut learnt = fresh(cluster());
+    learnt.profiles = Arc::new([(profile, 100.0)].into());
+    *source.0.lock().unwrap() = learnt;
+    let r = judged(&router, &fits).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let message = r["status"]["message"].as_str().unwrap();
+    assert!(message.contains("raised ×100.00"), "{message}");
+    assert_eq!(cached(), 2);
+
+    // The same spec under another name: from the cache, with its own name.
+    let mut renamed = fits.clone();
+    renamed["request"]["name"] = "another-job".into();
+    let r2 = judged(&router, &renamed).await;
+    assert_eq!(cached(), 3);
+    assert_eq!(
+        r2["status"]["message"],
+        message.replacen(fits["request"]["name"].as_str().unwrap(), "another-job", 1)
+    );
+}
+
+#[tokio::test]
+async fn the_cache_changes_no_answer() {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let source = || Arc::new(Static::new(cluster(), now));
+    let cached = webhook::router(Arc::new(AppState::new(source())));
+    let fresh = webhook::router(Arc::new(AppState::with_cache(source(), 0)));
+    for name in [
+        "create-fits.json",
+        "create-fits-after-change.json",
+        "create-does-not-fit.json",
+        "create-invalid.json",
+        "create-jax-over-fraction.json",
+        "update-immutable.json",
+    ] {
+        let review = review_json(name);
+        let want = judged(&fresh, &review).await;
+        for _ in 0..2 {
+            assert_eq!(judged(&cached, &review).await, want, "{name}");
+        }
+    }
+}

@@ -26,6 +26,24 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How `serve` and `agent` write their log to stderr: text (coloured only
+    /// on a terminal) or one JSON object per line. The level comes from RUST_LOG
+    /// (default info: a summary of admission reviews a minute; debug: every review).
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMGUARD_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+}
+
+/// The log's format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -55,8 +73,8 @@ pub fn main() -> ExitCode {
             )
         }
         Command::Crds => crds::run(&mut std::io::stdout().lock()),
-        Command::Serve(args) => run_async(serve::run(args)),
-        Command::Agent(args) => run_async(agent::run(args)),
+        Command::Serve(args) => run_async(cli.log_format, serve::run(args)),
+        Command::Agent(args) => run_async(cli.log_format, agent::run(args)),
     };
     ExitCode::from(code)
 }
@@ -84,17 +102,27 @@ pub(crate) async fn shutdown_signal(what: &'static str) {
     tracing::info!("{what}");
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        // Escape codes only for a person at a terminal, never into a file or a pipe.
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }
 
-fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> u8 {
-    init_tracing();
+fn run_async(
+    log_format: LogFormat,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> u8 {
+    init_tracing(log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

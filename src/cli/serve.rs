@@ -15,6 +15,9 @@ use crate::inventory::{self, Source};
 use crate::operator;
 use crate::webhook::{self, AppState, tls};
 
+/// Seconds between the info lines that sum up the admission reviews answered.
+const SUMMARY_SECS: u64 = 60;
+
 /// Arguments of `vramguard serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -181,6 +184,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ => Box::pin(std::future::pending()),
     };
     let state = Arc::new(AppState::new(source));
+    tokio::spawn(webhook::log_summaries(
+        state.clone(),
+        Duration::from_secs(SUMMARY_SECS),
+    ));
     let router = webhook::router(state);
     tracing::info!(%listen, "serving admission reviews");
     let reload_config = rustls.clone();

@@ -4,6 +4,7 @@
 //! static file, kube reflectors) live at the edge.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 
 use k8s_openapi::api::core::v1::Node;
@@ -37,7 +38,12 @@ pub struct Snapshot {
     pub profiles: Arc<HashMap<String, f64>>,
     /// `products()`, computed once per snapshot.
     products: Arc<OnceLock<Vec<ProductCount>>>,
+    /// See [`Snapshot::generation`].
+    generation: u64,
 }
+
+/// The generation the next snapshot gets (0 is a default, empty one's).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// A GPU product the cluster has, with how many of it.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,7 +73,16 @@ impl Snapshot {
             as_of_unix,
             profiles: Arc::default(),
             products: Arc::default(),
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// Unique to this snapshot and its clones in this process: a snapshot
+    /// built after any change to the inventory (a GpuNode, a node, a
+    /// MemoryProfile) has a new generation, so what was judged against one
+    /// generation is never taken for another.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The scale earlier runs of jobs shaped like `spec` put on its

@@ -105,9 +105,8 @@ pub fn decide(
         for p in snapshot.products() {
             let catalog = p.catalog.unwrap_or_else(fallback_product);
             let view = plan::scaled_view(p.usable_bytes, scale);
-            if let Ok(plan::Shrink {
-                plan: Some(plan), ..
-            }) = plan::shrink(job, catalog, view)
+            // The plan alone: advice is for people, and nobody reads it here.
+            if let Ok(Some(plan)) = plan::cheapest_plan(job, catalog, view)
                 && !plans.iter().any(|q| q.settings == plan.settings)
             {
                 plans.push(plan);

@@ -15,7 +15,7 @@ pub use place::{
     reservations_of, scale_bytes,
 };
 pub use settings::{ALL_FIELDS, Plan, Settings, effective_batch};
-pub use shrink::{Allowance, Shrink, search, shrink};
+pub use shrink::{Allowance, Shrink, cheapest_plan, search, search_below, shrink};
 
 use crate::estimate::Estimate;
 use crate::estimate::framework::AllocatorLimit;

@@ -285,6 +285,20 @@ pub fn search(
     view: GpuView,
     allow: Allowance,
 ) -> Option<Plan> {
+    search_below(job, gpu, view, allow, f64::INFINITY)
+}
+
+/// [`search`] for a plan whose slowdown is below `limit` only: the cheapest
+/// such plan, or `None`. A caller comparing GPUs passes the best slowdown it
+/// already has, and the walk stops at the first combination that cannot beat
+/// it instead of pricing every one.
+pub fn search_below(
+    job: &ValidatedJob,
+    gpu: &'static GpuProduct,
+    view: GpuView,
+    allow: Allowance,
+    limit: f64,
+) -> Option<Plan> {
     let original = Settings::of(job);
     let margin = job.spec.fit_policy.safety_margin;
     let micros = micro_candidates(job, allow);
@@ -313,7 +327,7 @@ pub fn search(
     let mut best: Option<(f64, (Settings, EstimateStatus, Verdict))> = None;
     let top = micros.len() - 1;
     for combo in &combos {
-        let bound = best.as_ref().map_or(f64::INFINITY, |b| b.0);
+        let bound = best.as_ref().map_or(limit, |b| b.0);
         // A smaller micro-batch only adds to the knob cost: nothing later can win.
         if combo.cost >= bound {
             break;
@@ -365,19 +379,18 @@ pub fn search(
     })
 }
 
-/// Fit the job to `view` of `gpu` under its own fit policy: as written if it
-/// fits, else the cheapest allowed plan, else advice. Errors only when the job
-/// as written cannot be estimated.
-pub fn shrink(
+/// The job as written against `view` of `gpu`, and the plan [`shrink`] would
+/// choose (no changes when it fits as written), without the advice.
+fn as_written_and_plan(
     job: &ValidatedJob,
     gpu: &'static GpuProduct,
     view: GpuView,
-) -> Result<Shrink, EstimateError> {
+) -> Result<(Verdict, Option<Plan>), EstimateError> {
     let policy = &job.spec.fit_policy;
     let est = estimate::estimate(job, gpu)?;
     let as_written = fit_estimate(&est, policy.safety_margin, view);
-    let original = Settings::of(job);
     if as_written.fits {
+        let original = Settings::of(job);
         let plan = Plan {
             settings: original,
             original,
@@ -387,24 +400,46 @@ pub fn shrink(
             estimate: est.status,
             verdict: as_written.clone(),
         };
-        return Ok(Shrink {
-            gpu: gpu.name,
-            as_written,
-            plan: Some(plan),
-            advice: None,
-        });
+        return Ok((as_written, Some(plan)));
     }
     let allowed = Allowance::from_policy(policy);
-    if !allowed.is_empty()
-        && let Some(plan) = search(job, gpu, view, allowed)
-    {
+    let plan = if allowed.is_empty() {
+        None
+    } else {
+        search(job, gpu, view, allowed)
+    };
+    Ok((as_written, plan))
+}
+
+/// The plan of [`shrink`] alone: as written if it fits, else the cheapest
+/// allowed plan, else `None`; no advice is built (it costs more searches
+/// than the plan, and a caller placing the job has no use for it).
+pub fn cheapest_plan(
+    job: &ValidatedJob,
+    gpu: &'static GpuProduct,
+    view: GpuView,
+) -> Result<Option<Plan>, EstimateError> {
+    as_written_and_plan(job, gpu, view).map(|(_, plan)| plan)
+}
+
+/// Fit the job to `view` of `gpu` under its own fit policy: as written if it
+/// fits, else the cheapest allowed plan, else advice. Errors only when the job
+/// as written cannot be estimated.
+pub fn shrink(
+    job: &ValidatedJob,
+    gpu: &'static GpuProduct,
+    view: GpuView,
+) -> Result<Shrink, EstimateError> {
+    let (as_written, plan) = as_written_and_plan(job, gpu, view)?;
+    if plan.is_some() {
         return Ok(Shrink {
             gpu: gpu.name,
             as_written,
-            plan: Some(plan),
+            plan,
             advice: None,
         });
     }
+    let allowed = Allowance::from_policy(&job.spec.fit_policy);
     let advice = advise(job, gpu, view, allowed, &as_written);
     Ok(Shrink {
         gpu: gpu.name,

@@ -1,17 +1,21 @@
 //! The admission decision for one review: a plain function of the request and
-//! an inventory snapshot. The webhook keeps no state of its own, so any replica
-//! answers any review the same.
+//! an inventory snapshot. The webhook keeps no state but a cache of judgements
+//! keyed on everything they depend on, so any replica answers any review the
+//! same.
+
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::core::Status;
 use kube::core::admission::Operation;
 
+use super::cache::Cache;
 use super::metrics::{Reason, Verdict};
 use super::review::{ReadJob, Request};
 use crate::api::{self, ValidatedJob};
 use crate::estimate::{GIB, gpus};
 use crate::inventory::{ProductCount, Snapshot};
-use crate::plan::{self, PlaceOutcome, Shrink};
+use crate::plan::{self, Advice, Allowance, PlaceOutcome, Plan};
 
 /// Longest denial message we send (the API server shows it to the user whole).
 pub const MAX_MESSAGE: usize = 1024;
@@ -63,58 +67,156 @@ fn deny(reason: Reason, message: String) -> Decision {
     }
 }
 
-fn allow(reason: Reason, warnings: Vec<String>) -> Decision {
-    Decision {
-        allowed: true,
-        status: Status::default(),
-        warnings: warnings
-            .into_iter()
-            .map(|w| truncate(w, MAX_WARNING))
-            .collect(),
-        verdict: Verdict::Allowed,
-        reason,
-    }
-}
-
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / GIB)
 }
 
-fn read_job(obj: impl ReadJob) -> Result<(api::TrainingJob, ValidatedJob), String> {
-    let tj = obj.read_job().map_err(|e| e.to_string())?;
-    let job = api::validate_job(&tj).map_err(|e| e.to_string())?;
-    Ok((tj, job))
+/// What a TrainingJob's spec gets against one inventory at one second:
+/// everything of the decision but the job's name and the immutable-field
+/// check of an UPDATE, so that the same spec reviewed again is answered
+/// without validating or estimating it again.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Judgement {
+    /// Allowed, with warnings already cut to [`MAX_WARNING`].
+    Allow {
+        reason: Reason,
+        warnings: Vec<String>,
+    },
+    /// The spec does not parse or validate: `message` says which fields and why.
+    Invalid { message: String },
+    /// Denied; `named` messages follow `TrainingJob <name>`.
+    Deny {
+        reason: Reason,
+        named: bool,
+        message: String,
+    },
 }
 
-/// What one GPU product says about the job.
-struct ProductAnswer<'a> {
-    product: &'a ProductCount,
-    shrink: Shrink,
+impl Judgement {
+    fn allow(reason: Reason, warnings: Vec<String>) -> Judgement {
+        Judgement::Allow {
+            reason,
+            warnings: warnings
+                .into_iter()
+                .map(|w| truncate(w, MAX_WARNING))
+                .collect(),
+        }
+    }
+
+    fn deny(reason: Reason, message: String) -> Judgement {
+        Judgement::Deny {
+            reason,
+            named: false,
+            message,
+        }
+    }
+
+    /// The answer for the job called `name`.
+    pub fn decision(&self, name: &str) -> Decision {
+        match self {
+            Judgement::Allow { reason, warnings } => Decision {
+                allowed: true,
+                status: Status::default(),
+                warnings: warnings.clone(),
+                verdict: Verdict::Allowed,
+                reason: *reason,
+            },
+            Judgement::Invalid { message } => deny(
+                Reason::InvalidSpec,
+                format!("TrainingJob {name} is invalid: {message}"),
+            ),
+            Judgement::Deny {
+                reason,
+                named: false,
+                message,
+            } => deny(*reason, message.clone()),
+            Judgement::Deny {
+                reason,
+                named: true,
+                message,
+            } => deny(*reason, format!("TrainingJob {name}{message}")),
+        }
+    }
 }
 
 /// Judge one review against `snapshot` at `now`.
 pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timestamp) -> Decision {
+    review_cached(req, snapshot, now, &Cache::disabled()).0
+}
+
+/// [`review`], taking the judgement of a spec already judged against this
+/// snapshot in this second from `cache`; true when it did.
+pub fn review_cached<O: ReadJob>(
+    req: Request<'_, O>,
+    snapshot: &Snapshot,
+    now: Timestamp,
+    cache: &Cache<Judgement>,
+) -> (Decision, bool) {
     let is_training_job = req.kind.group == "vramguard.io" && req.kind.kind == "TrainingJob";
     if !is_training_job || !matches!(req.operation, Operation::Create | Operation::Update) {
-        return allow(Reason::NotJudged, Vec::new());
+        return (
+            Judgement::allow(Reason::NotJudged, Vec::new()).decision(""),
+            false,
+        );
     }
     let Some(obj) = req.object else {
-        return deny(
-            Reason::InvalidSpec,
-            "the review carries no object".to_string(),
+        return (
+            deny(
+                Reason::InvalidSpec,
+                "the review carries no object".to_string(),
+            ),
+            false,
         );
     };
-    let (tj, job) = match read_job(obj) {
-        Ok(j) => j,
-        Err(e) => {
-            let msg = format!(
-                "TrainingJob {} is invalid: {}",
-                req.name,
-                e.replace('\n', "; ")
-            );
-            return deny(Reason::InvalidSpec, msg);
-        }
+    let tj = match obj.read_job() {
+        Ok(tj) => tj,
+        Err(e) => return (invalid(e.to_string()).decision(&req.name), false),
     };
+    let now = snapshot
+        .as_of_unix
+        .and_then(|s| Timestamp::from_second(s).ok())
+        .unwrap_or(now);
+    let second = now.as_second();
+    // Validation and the judgement depend on the spec and the preset hint,
+    // the inventory and, through node staleness, the second.
+    let hint = tj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(api::PRESET_HINT_ANNOTATION));
+    let key = if cache.enabled() {
+        serde_json::to_vec(&(hint, &tj.spec)).ok()
+    } else {
+        None
+    };
+    // In the order of old: validation, immutable fields, the judgement; a
+    // spec judged before skips the first and the last.
+    let hit = key.as_ref().and_then(|k| cache.get(snapshot, second, k));
+    let cached = hit.is_some();
+    let keep = |j: Judgement| {
+        let j = Arc::new(j);
+        if let Some(k) = &key {
+            cache.insert(snapshot, second, k.clone(), j.clone());
+        }
+        j
+    };
+    /// A judgement (from the cache, or of an invalid spec), or a job to judge.
+    enum Found {
+        Judged(Arc<Judgement>),
+        Valid(Box<ValidatedJob>),
+    }
+    let found = match hit {
+        Some(j) => Found::Judged(j),
+        None => match api::validate_job(&tj) {
+            Ok(job) => Found::Valid(Box::new(job)),
+            Err(e) => Found::Judged(keep(invalid(e.to_string()))),
+        },
+    };
+    if let Found::Judged(j) = &found
+        && matches!(**j, Judgement::Invalid { .. })
+    {
+        return (j.decision(&req.name), cached);
+    }
     if req.operation == Operation::Update
         && let Some(old) = req.old_object
         && let Ok(old_tj) = old.read_job()
@@ -131,23 +233,40 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
                 "{} cannot change on a TrainingJob (its estimate, plan and placement depend on it); delete and re-create the job",
                 changed.join(" and ")
             );
-            return deny(Reason::Immutable, msg);
+            return (deny(Reason::Immutable, msg), false);
         }
     }
+    let judgement = match found {
+        Found::Judged(j) => j,
+        Found::Valid(job) => keep(judge(&job, snapshot, now)),
+    };
+    (judgement.decision(&req.name), cached)
+}
 
-    let now = snapshot
-        .as_of_unix
-        .and_then(|s| Timestamp::from_second(s).ok())
-        .unwrap_or(now);
+/// The judgement of a spec that does not parse or validate.
+fn invalid(error: String) -> Judgement {
+    Judgement::Invalid {
+        message: error.replace('\n', "; "),
+    }
+}
+
+/// Judge a valid job against `snapshot` at `now`.
+///
+/// Work grows with what differs, not with the cluster: one estimate per
+/// catalog GPU for the job as written; when nothing holds it, one search per
+/// eligible product, each only for a plan cheaper than the best found so far
+/// (so most stop at their first combination); advice only for a denial.
+fn judge(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Judgement {
     let products = snapshot.products();
     if products.is_empty() {
-        return deny(
+        return Judgement::deny(
             Reason::NoInventory,
             "the cluster reports no GPUs: no GpuNode objects and no nodes with GPU Feature Discovery labels (nvidia.com/gpu.product, nvidia.com/gpu.memory, nvidia.com/gpu.count)".to_string(),
         );
     }
     let gpus_needed = job.spec.parallelism.gpus;
     let single_node = gpus_needed <= job.gpus_per_node;
+    let margin = job.spec.fit_policy.safety_margin;
     // What earlier runs of jobs of this shape proved the estimate misses.
     let scale = snapshot.learnt_scale(&job.spec);
     let fallback = gpus::find("h100-80gb").expect("the catalog has h100-80gb");
@@ -156,86 +275,76 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
         .iter()
         .filter(|p| p.gpus >= gpus_needed && (!single_node || p.max_per_node >= gpus_needed))
         .collect();
+    let catalog = |p: &ProductCount| p.catalog.unwrap_or(fallback);
+    let view = |p: &ProductCount| plan::scaled_view(p.usable_bytes, scale);
 
     // Fits as written on some product? One estimate per GPU model, no search.
     let mut estimates: Vec<(&'static str, crate::estimate::Estimate)> = Vec::new();
+    // The smallest need as written (with the margin) over the eligible products.
+    let mut need: Option<u64> = None;
     for p in &eligible {
-        let catalog = p.catalog.unwrap_or(fallback);
-        let est = match estimates.iter().find(|(n, _)| *n == catalog.name) {
-            Some((_, e)) => e.clone(),
-            None => match crate::estimate::estimate(&job, catalog) {
+        let gpu = catalog(p);
+        let slot = match estimates.iter().position(|(n, _)| *n == gpu.name) {
+            Some(i) => i,
+            None => match crate::estimate::estimate(job, gpu) {
                 Ok(e) => {
-                    estimates.push((catalog.name, e.clone()));
-                    e
+                    estimates.push((gpu.name, e));
+                    estimates.len() - 1
                 }
-                Err(e) => return deny(Reason::InvalidSpec, e.to_string()),
+                Err(e) => return Judgement::deny(Reason::InvalidSpec, e.to_string()),
             },
         };
-        let v = plan::fit_estimate(
-            &est,
-            job.spec.fit_policy.safety_margin,
-            plan::scaled_view(p.usable_bytes, scale),
-        );
+        let v = plan::fit_estimate(&estimates[slot].1, margin, view(p));
         if v.fits {
-            let warnings = busy_warning(&job, snapshot, now, scale)
+            let warnings = busy_warning(job, snapshot, now, scale)
                 .into_iter()
                 .collect();
-            return allow(Reason::Fits, warnings);
+            return Judgement::allow(Reason::Fits, warnings);
         }
+        need = Some(need.map_or(v.need_bytes, |n| n.min(v.need_bytes)));
     }
 
-    let mut answers = Vec::new();
-    for p in eligible {
-        let catalog = p.catalog.unwrap_or(fallback);
-        match plan::shrink(&job, catalog, plan::scaled_view(p.usable_bytes, scale)) {
-            Ok(shrink) => answers.push(ProductAnswer { product: p, shrink }),
-            Err(e) => return deny(Reason::InvalidSpec, e.to_string()),
+    // Fits after an allowed change? The cheapest plan over the products, the
+    // first product by name winning a tie: in name order, each product is
+    // searched only for a plan strictly cheaper than the best so far.
+    let allowed = Allowance::from_policy(&job.spec.fit_policy);
+    let mut best: Option<(&ProductCount, Plan)> = None;
+    if !allowed.is_empty() {
+        let mut by_name = eligible.clone();
+        by_name.sort_by(|a, b| a.product.cmp(&b.product));
+        for p in by_name {
+            let limit = best.as_ref().map_or(f64::INFINITY, |(_, b)| b.slowdown);
+            if let Some(found) = plan::search_below(job, catalog(p), view(p), allowed, limit) {
+                best = Some((p, found));
+            }
         }
     }
-    // Fits after an allowed change?
-    let cheapest = answers
-        .iter()
-        .filter_map(|a| a.shrink.plan.as_ref().map(|p| (a, p)))
-        .min_by(|x, y| {
-            x.1.slowdown
-                .partial_cmp(&y.1.slowdown)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(x.0.product.product.cmp(&y.0.product.product))
-        });
-    if let Some((a, p)) = cheapest {
+    if let Some((p, plan)) = best {
         let mut warnings = vec![format!(
             "vramguard will run this on {} with {}",
-            a.product.product,
-            p.changes.join(", ")
+            p.product,
+            plan.changes.join(", ")
         )];
-        if let Some(w) = busy_warning(&p.apply(&job), snapshot, now, scale) {
+        if let Some(w) = busy_warning(&plan.apply(job), snapshot, now, scale) {
             warnings.push(w);
         }
-        return allow(Reason::FitsAfterChange, warnings);
+        return Judgement::allow(Reason::FitsAfterChange, warnings);
     }
 
     // Nothing fits: say why in numbers and what would.
     let biggest = &products[0];
-    let need = answers
-        .iter()
-        .map(|a| a.shrink.as_written.need_bytes)
-        .min()
+    let need = need
         .or_else(|| {
-            let catalog = biggest.catalog.unwrap_or(fallback);
-            crate::estimate::estimate(&job, catalog).ok().map(|e| {
-                plan::with_margin(
-                    e.status.fit_per_gpu_bytes(),
-                    job.spec.fit_policy.safety_margin,
-                )
-            })
+            crate::estimate::estimate(job, catalog(biggest))
+                .ok()
+                .map(|e| plan::with_margin(e.status.fit_per_gpu_bytes(), margin))
         })
         .unwrap_or(0);
     let need = plan::scale_bytes(need, scale);
     let mut msg = format!(
-        "TrainingJob {} needs {} per GPU (with the {:.0} % safety margin) on {} GPU{}; the biggest GPU in this cluster is {} with {} usable",
-        req.name,
+        " needs {} per GPU (with the {:.0} % safety margin) on {} GPU{}; the biggest GPU in this cluster is {} with {} usable",
         gib(need),
-        job.spec.fit_policy.safety_margin * 100.0,
+        margin * 100.0,
         gpus_needed,
         if gpus_needed == 1 { "" } else { "s" },
         biggest.product,
@@ -246,22 +355,38 @@ pub fn review<O: ReadJob>(req: Request<'_, O>, snapshot: &Snapshot, now: Timesta
             " (the estimate is raised ×{scale:.2}: jobs of this shape ran out of GPU memory before; kubectl get memoryprofiles)"
         ));
     }
-    if answers.is_empty() {
+    if eligible.is_empty() {
         msg.push_str(&format!(
             "; no GPU product here has {gpus_needed} GPUs{}",
             if single_node { " on one node" } else { "" }
         ));
     }
-    let advice = answers
-        .iter()
-        .filter_map(|a| a.shrink.advice.as_ref())
-        .find(|adv| adv.plan_if_allowed.is_some())
-        .or_else(|| answers.iter().find_map(|a| a.shrink.advice.as_ref()));
+    // The first product's advice that names an allowed plan, else the first advice.
+    let mut advice: Option<Advice> = None;
+    for p in &eligible {
+        let found = match plan::shrink(job, catalog(p), view(p)) {
+            Ok(s) => s.advice,
+            Err(e) => return Judgement::deny(Reason::InvalidSpec, e.to_string()),
+        };
+        if let Some(a) = found {
+            let done = a.plan_if_allowed.is_some();
+            if done || advice.is_none() {
+                advice = Some(a);
+            }
+            if done {
+                break;
+            }
+        }
+    }
     if let Some(adv) = advice {
         msg.push_str(". ");
         msg.push_str(&adv.message);
     }
-    deny(Reason::NoFit, msg)
+    Judgement::Deny {
+        reason: Reason::NoFit,
+        named: true,
+        message: msg,
+    }
 }
 
 /// A warning when the job fits an empty GPU but no node has room now.

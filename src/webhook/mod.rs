@@ -2,10 +2,11 @@
 //! v1 for TrainingJobs with the planner's verdict; `/healthz`, `/readyz`
 //! (ready once the inventory has synced) and `/metrics`.
 
+pub mod cache;
 pub mod decide;
 pub mod metrics;
 pub mod review;
 pub mod server;
 pub mod tls;
 
-pub use server::{AppState, Limits, router, router_with, serve};
+pub use server::{AppState, Limits, Totals, log_summaries, router, router_with, serve};

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,7 +19,8 @@ use prometheus_client::registry::Registry;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use super::decide;
+use super::cache::{self, Cache};
+use super::decide::{self, Judgement};
 use super::metrics::{Metrics, Reason, ReviewLabels, Verdict};
 use super::review::{self, Answer, Job, Object, ReadJob, Review};
 use crate::inventory::Source;
@@ -29,21 +31,42 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// Longest a request may take, body included (the API server's default webhook timeout is 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Shared, read-only state of every handler.
+/// Shared state of every handler: the inventory, metrics, and the judgements
+/// of specs already reviewed.
 pub struct AppState {
     pub inventory: Arc<dyn Source>,
     pub metrics: Metrics,
     pub registry: Registry,
+    pub decisions: Cache<Judgement>,
+    /// Reviews answered, for the summary the log gets at info.
+    pub totals: Totals,
+}
+
+/// Counts since start, read by [`log_summaries`].
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub allowed: AtomicU64,
+    pub denied: AtomicU64,
+    pub invalid: AtomicU64,
+    /// Reviews answered from the judgement cache.
+    pub cached: AtomicU64,
 }
 
 impl AppState {
     pub fn new(inventory: Arc<dyn Source>) -> AppState {
+        AppState::with_cache(inventory, cache::DEFAULT_CAPACITY)
+    }
+
+    /// With a judgement cache of `capacity` entries (0: every review is judged afresh).
+    pub fn with_cache(inventory: Arc<dyn Source>, capacity: usize) -> AppState {
         let mut registry = Registry::with_prefix("vramguard");
         let metrics = Metrics::register(&mut registry);
         AppState {
             inventory,
             metrics,
             registry,
+            decisions: Cache::new(capacity),
+            totals: Totals::default(),
         }
     }
 }
@@ -125,6 +148,12 @@ async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 fn count(state: &AppState, started: Instant, verdict: Verdict, reason: Reason) {
+    let total = match verdict {
+        Verdict::Allowed => &state.totals.allowed,
+        Verdict::Denied => &state.totals.denied,
+        Verdict::Invalid => &state.totals.invalid,
+    };
+    total.fetch_add(1, Ordering::Relaxed);
     state
         .metrics
         .reviews
@@ -156,14 +185,20 @@ fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant)
     let name = request.name.clone();
     let namespace = request.namespace.clone();
     let dry_run = request.dry_run;
-    let decision = decide::review(request, &snapshot, now);
-    tracing::info!(
+    let (decision, cached) = decide::review_cached(request, &snapshot, now, &state.decisions);
+    if cached {
+        state.totals.cached.fetch_add(1, Ordering::Relaxed);
+    }
+    // One line per review only when someone asked for debug: at info the
+    // log gets a summary (`log_summaries`).
+    tracing::debug!(
         uid = %uid,
         namespace = namespace.as_deref().unwrap_or(""),
         name = %name,
         dry_run = dry_run,
         allowed = decision.allowed,
         reason = ?decision.reason,
+        cached = cached,
         "admission review"
     );
     count(state, started, decision.verdict, decision.reason);
@@ -178,6 +213,35 @@ fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant)
         },
     };
     json(StatusCode::OK, &answer)
+}
+
+/// Every `every`, when reviews came in since the last line: one info line
+/// with how many were allowed, denied and invalid, and how many were answered
+/// from the judgement cache. Runs until cancelled.
+pub async fn log_summaries(state: Arc<AppState>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let read = |t: &Totals| {
+        [&t.allowed, &t.denied, &t.invalid, &t.cached].map(|c| c.load(Ordering::Relaxed))
+    };
+    let mut last = read(&state.totals);
+    loop {
+        tick.tick().await;
+        let now = read(&state.totals);
+        let [allowed, denied, invalid, cached] = [0, 1, 2, 3].map(|i| now[i] - last[i]);
+        if allowed + denied + invalid > 0 {
+            tracing::info!(
+                allowed,
+                denied,
+                invalid,
+                cached,
+                seconds = every.as_secs(),
+                "admission reviews"
+            );
+        }
+        last = now;
+    }
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
