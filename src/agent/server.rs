@@ -27,6 +27,12 @@ pub fn router(agent: Arc<Agent>) -> Router {
     Router::new()
         .route("/check", get(check_handler))
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|State(agent): State<Arc<Agent>>| async move {
+                crate::metrics::response(agent.registry())
+            }),
+        )
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             CHECK_TIMEOUT,
