@@ -127,6 +127,46 @@ mod tests {
         )
     }
 
+    /// `/metrics` shows what the last probe measured, per GPU.
+    #[tokio::test]
+    async fn metrics_follow_the_probes() {
+        let agent = agent();
+        let text = |agent: &Arc<Agent>| {
+            let router = router(agent.clone());
+            async move {
+                let resp = router
+                    .oneshot(
+                        axum::http::Request::get("/metrics")
+                            .body(Body::empty())
+                            .unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8(body.to_vec()).unwrap()
+            }
+        };
+        let before = text(&agent).await;
+        assert!(before.contains("vramguard_build_info{version="), "{before}");
+        assert!(
+            !before.contains("vramguard_agent_gpu_free_bytes{"),
+            "{before}"
+        );
+        agent.probe().await.expect("a probe of the simulated GPUs");
+        let after = text(&agent).await;
+        for gpu in ["0", "1"] {
+            for family in [
+                "gpu_total_bytes",
+                "gpu_free_bytes",
+                "gpu_largest_free_block_bytes",
+            ] {
+                let series = format!("vramguard_agent_{family}{{gpu=\"{gpu}\"}}");
+                assert!(after.contains(&series), "{series} missing from\n{after}");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn check_answers_from_a_fresh_probe() {
         let (status, body) = get("/check?gpus=2&bytes=16GiB&block=4GiB").await;
