@@ -8,6 +8,7 @@ pub mod api;
 pub mod cli;
 pub mod estimate;
 pub mod inventory;
+pub mod metrics;
 pub mod operator;
 pub mod plan;
 pub mod webhook;

@@ -3,7 +3,7 @@
 //! rejects what `vramguard estimate` rejects for these cross-field rules, even
 //! when the webhook is down.
 
-use kube::core::cel::validate_cel;
+use kube::core::cel::{validate_cel, validate_cel_update};
 use vramguard::api::{TrainingJob, parse, validate};
 
 fn job(spec_yaml: &str) -> TrainingJob {
@@ -155,4 +155,34 @@ fn every_example_passes_the_cel_rules() {
             }
         }
     }
+}
+
+/// The transition rules hold `spec.model` and `spec.training.mode` as they were, as the
+/// webhook does, so they hold while the webhook is down (or `failurePolicy: Ignore`).
+#[test]
+fn model_and_mode_cannot_change_even_without_the_webhook() {
+    let old = job("  model: {preset: gpt2}\n  training: {mode: full, microBatchSize: 4}\n");
+    let update = |spec: &str| validate_cel_update(&job(spec), &old).map_err(|e| format!("{e:?}"));
+    assert_eq!(
+        update("  model: {preset: gpt2}\n  training: {mode: full, microBatchSize: 8}\n"),
+        Ok(())
+    );
+    let other_model = update(
+        "  model: {custom: {parameters: 1.0e9, activationBytesPerSample: 1.0e6}}\n  training: {mode: full, microBatchSize: 4}\n",
+    )
+    .unwrap_err();
+    assert!(
+        other_model.contains("spec.model cannot change"),
+        "{other_model}"
+    );
+    let other_mode =
+        update("  model: {preset: gpt2}\n  training: {mode: lora, microBatchSize: 4}\n")
+            .unwrap_err();
+    assert!(
+        other_mode.contains("spec.training.mode cannot change"),
+        "{other_mode}"
+    );
+    assert!(!other_mode.contains("spec.model"), "{other_mode}");
+    // On create there is no old object: the transition rules do not apply.
+    assert!(validate_cel(&job("  model: {preset: gpt2}\n")).is_ok());
 }

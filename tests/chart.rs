@@ -11,12 +11,12 @@ fn root() -> &'static Path {
 
 #[test]
 fn chart_crds_are_the_generated_ones() {
-    let chart =
-        std::fs::read_to_string(root().join("charts/vramguard/crds/vramguard.yaml")).unwrap();
+    // A link to crds/vramguard.yaml, which the CRD templates read.
+    let chart = std::fs::read_to_string(root().join("charts/vramguard/files/crds.yaml")).unwrap();
     assert_eq!(
         chart,
         vramguard::cli::crds::crds_yaml(),
-        "charts/vramguard/crds/vramguard.yaml is stale: regenerate with `cargo run -q -- crds > charts/vramguard/crds/vramguard.yaml`"
+        "charts/vramguard/files/crds.yaml is stale: regenerate with `cargo run -q -- crds > crds/vramguard.yaml`"
     );
 }
 
@@ -28,7 +28,9 @@ fn values_parse_and_name_what_the_templates_use() {
         "/image/repository",
         "/webhook/port",
         "/webhook/failurePolicy",
-        "/tls/certManager/enabled",
+        "/tls/mode",
+        "/crds/keep",
+        "/monitoring/serviceMonitor/enabled",
         "/agent/enabled",
         "/operator/enabled",
     ] {

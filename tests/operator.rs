@@ -14,53 +14,19 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use support::apiserver::ApiServer;
+use support::fixtures::{self, GIB, gpu_node};
 use tower::ServiceExt;
-use vramguard::api::{
-    GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, MemoryProfile, Phase, TrainingJob,
-    TrainingJobSpec,
-};
+use vramguard::api::{MemoryProfile, Phase, TrainingJob};
 use vramguard::inventory::{Source, reflect};
 use vramguard::operator::{self, Config, FINALIZER, LeaseConfig};
 use vramguard::webhook::{self, AppState};
 
-const GIB: u64 = 1 << 30;
 const NS: &str = "ml";
-
-fn gpu_node(name: &str, gpus: usize, free_gib: u64) -> GpuNode {
-    let mut g = GpuNode::new(
-        name,
-        GpuNodeSpec {
-            node_name: name.into(),
-            ttl_seconds: 3600,
-            taints: Vec::new(),
-        },
-    );
-    g.status = Some(GpuNodeStatus {
-        gpus: (0..gpus)
-            .map(|i| GpuStatus {
-                index: i as u32,
-                product: "NVIDIA H100 80GB HBM3".into(),
-                total_bytes: 80 * GIB,
-                free_bytes: free_gib * GIB,
-                used_bytes: (80 - free_gib) * GIB,
-                healthy: true,
-                ..Default::default()
-            })
-            .collect(),
-        gpu_count: gpus as u32,
-        product: Some("NVIDIA H100 80GB HBM3".into()),
-        probe_time: Some(Time(Timestamp::now())),
-        ..Default::default()
-    });
-    g
-}
 
 const TEMPLATE: &str = r#"
 template:
@@ -85,10 +51,7 @@ fitPolicy: {policy}
 }
 
 fn training_job(name: &str, spec_yaml: &str) -> TrainingJob {
-    let spec: TrainingJobSpec = serde_saphyr::from_str(spec_yaml).expect("test spec parses");
-    let mut tj = TrainingJob::new(name, spec);
-    tj.metadata.namespace = Some(NS.into());
-    tj
+    fixtures::training_job(NS, name, spec_yaml)
 }
 
 fn fast_lease(identity: &str) -> LeaseConfig {

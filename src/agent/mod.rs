@@ -14,6 +14,7 @@ pub mod bytes;
 pub mod check;
 pub mod cuda;
 pub mod gpu;
+pub mod metrics;
 pub mod nvidia;
 pub mod nvml;
 pub mod pod_resources;
@@ -27,9 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use prometheus_client::registry::Registry;
 
 use crate::api::GpuNodeStatus;
 pub use gpu::{Gpu, GpuError};
+use metrics::{AgentMetrics, ProbeErrorKind};
 pub use probe::{Assignments, ProbeError, ProbeOptions, Prober};
 
 /// How long the kubelet gets to list pod resources.
@@ -46,10 +49,13 @@ pub enum AgentError {
 
 /// A prober plus where to learn pod assignments; probes one at a time, since
 /// two concurrent largest-block searches would each see the other's blocks.
+/// Each probe's figures go to its metrics, served at `/metrics`.
 pub struct Agent {
     prober: Arc<Prober>,
     pod_resources_socket: Option<PathBuf>,
     lock: tokio::sync::Mutex<()>,
+    metrics: AgentMetrics,
+    registry: Registry,
 }
 
 impl Agent {
@@ -58,11 +64,25 @@ impl Agent {
         options: ProbeOptions,
         pod_resources_socket: Option<PathBuf>,
     ) -> Agent {
+        let prober = Prober::new(gpu, options);
+        let mut registry = crate::metrics::registry();
+        let metrics = AgentMetrics::register(&mut registry, prober.errors().clone());
         Agent {
-            prober: Arc::new(Prober::new(gpu, options)),
+            prober: Arc::new(prober),
             pod_resources_socket,
             lock: tokio::sync::Mutex::new(()),
+            metrics,
+            registry,
         }
+    }
+
+    pub fn metrics(&self) -> &AgentMetrics {
+        &self.metrics
+    }
+
+    /// The registry `/metrics` encodes.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Which GPUs pods hold, where the kubelet's socket is mounted; none otherwise.
@@ -88,9 +108,15 @@ impl Agent {
         let _one_at_a_time = self.lock.lock().await;
         let assignments = self.assignments().await;
         let prober = Arc::clone(&self.prober);
-        tokio::task::spawn_blocking(move || prober.probe(&assignments, Timestamp::now()))
-            .await
-            .map_err(|e| AgentError::Join(e.to_string()))?
-            .map_err(AgentError::Probe)
+        let probed =
+            tokio::task::spawn_blocking(move || prober.probe(&assignments, Timestamp::now()))
+                .await
+                .map_err(|e| AgentError::Join(e.to_string()))
+                .and_then(|r| r.map_err(AgentError::Probe));
+        match &probed {
+            Ok(status) => self.metrics.observe(status),
+            Err(_) => self.metrics.error(ProbeErrorKind::Probe),
+        }
+        probed
     }
 }

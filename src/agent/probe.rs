@@ -23,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::bytes::human;
 use super::gpu::{DeviceInfo, Gpu, GpuError, MigMode, SearchLimits};
+use super::metrics::{ErrorLabels, ProbeErrorKind, ProbeErrors};
 use crate::api::{GpuNodeStatus, GpuProcess, GpuStatus, MigDevice};
 
 /// The agent's version, published with every probe.
@@ -90,6 +91,8 @@ pub struct Prober {
     options: ProbeOptions,
     /// Context overhead per GPU UUID, measured once.
     context: Mutex<BTreeMap<String, u64>>,
+    /// Measurements that failed (not those a GPU does not support), by kind.
+    errors: ProbeErrors,
 }
 
 impl std::fmt::Debug for Prober {
@@ -107,6 +110,21 @@ impl Prober {
             gpu,
             options,
             context: Mutex::new(BTreeMap::new()),
+            errors: ProbeErrors::default(),
+        }
+    }
+
+    /// Failed measurements by kind, counted as the probe goes.
+    pub fn errors(&self) -> &ProbeErrors {
+        &self.errors
+    }
+
+    fn measurement_failed(&self, index: u32, kind: ProbeErrorKind, what: &str, e: &GpuError) {
+        if let GpuError::Unsupported { .. } = e {
+            tracing::debug!(gpu = index, error = %e, "{what} not measured");
+        } else {
+            tracing::warn!(gpu = index, error = %e, "{what} not measured");
+            self.errors.get_or_create(&ErrorLabels { kind }).inc();
         }
     }
 
@@ -253,7 +271,12 @@ impl Prober {
                         Some(b)
                     }
                     Err(e) => {
-                        log_measurement(index, "context overhead", &e);
+                        self.measurement_failed(
+                            index,
+                            ProbeErrorKind::ContextOverhead,
+                            "context overhead",
+                            &e,
+                        );
                         None
                     }
                 },
@@ -276,7 +299,12 @@ impl Prober {
                     }
                     st.largest_free_block_bytes = Some(p.bytes.min(st.free_bytes));
                 }
-                Err(e) => log_measurement(index, "largest block", &e),
+                Err(e) => self.measurement_failed(
+                    index,
+                    ProbeErrorKind::LargestBlock,
+                    "largest block",
+                    &e,
+                ),
             }
         }
         if self.options.verify_bytes > 0 {
@@ -296,7 +324,9 @@ impl Prober {
                     read_gb_per_s = c.read_gb_per_s,
                     "memory check passed"
                 ),
-                Err(e) => log_measurement(index, "memory check", &e),
+                Err(e) => {
+                    self.measurement_failed(index, ProbeErrorKind::MemoryCheck, "memory check", &e)
+                }
             }
         }
     }
@@ -304,15 +334,6 @@ impl Prober {
 
 /// Product name published for a GPU whose name could not be read.
 pub const UNKNOWN_PRODUCT: &str = "unknown";
-
-fn log_measurement(index: u32, what: &str, e: &GpuError) {
-    match e {
-        GpuError::Unsupported { .. } => {
-            tracing::debug!(gpu = index, error = %e, "{what} not measured")
-        }
-        _ => tracing::warn!(gpu = index, error = %e, "{what} not measured"),
-    }
-}
 
 fn unreadable(index: u32, e: &GpuError) -> GpuStatus {
     GpuStatus {

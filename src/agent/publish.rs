@@ -16,6 +16,7 @@ use kube::{Api, Client, Resource};
 use serde_json::json;
 
 use super::Agent;
+use super::metrics::ProbeErrorKind;
 use crate::api::{GpuNode, GpuNodeSpec, GpuNodeStatus, NodeTaint};
 
 /// The one field manager the agent writes with.
@@ -137,7 +138,10 @@ pub async fn run(agent: &Agent, client: Client, config: PublishConfig) {
                 gpus = status.gpu_count,
                 "GpuNode published"
             ),
-            Err(error) => tracing::warn!(%error, "publishing failed; retrying next round"),
+            Err(error) => {
+                agent.metrics().error(ProbeErrorKind::Publish);
+                tracing::warn!(%error, "publishing failed; retrying next round")
+            }
         }
     }
 }

@@ -27,6 +27,12 @@ pub fn router(agent: Arc<Agent>) -> Router {
     Router::new()
         .route("/check", get(check_handler))
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|State(agent): State<Arc<Agent>>| async move {
+                crate::metrics::response(agent.registry())
+            }),
+        )
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             CHECK_TIMEOUT,
@@ -119,6 +125,46 @@ mod tests {
             status,
             serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
         )
+    }
+
+    /// `/metrics` shows what the last probe measured, per GPU.
+    #[tokio::test]
+    async fn metrics_follow_the_probes() {
+        let agent = agent();
+        let text = |agent: &Arc<Agent>| {
+            let router = router(agent.clone());
+            async move {
+                let resp = router
+                    .oneshot(
+                        axum::http::Request::get("/metrics")
+                            .body(Body::empty())
+                            .unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8(body.to_vec()).unwrap()
+            }
+        };
+        let before = text(&agent).await;
+        assert!(before.contains("vramguard_build_info{version="), "{before}");
+        assert!(
+            !before.contains("vramguard_agent_gpu_free_bytes{"),
+            "{before}"
+        );
+        agent.probe().await.expect("a probe of the simulated GPUs");
+        let after = text(&agent).await;
+        for gpu in ["0", "1"] {
+            for family in [
+                "gpu_total_bytes",
+                "gpu_free_bytes",
+                "gpu_largest_free_block_bytes",
+            ] {
+                let series = format!("vramguard_agent_{family}{{gpu=\"{gpu}\"}}");
+                assert!(after.contains(&series), "{series} missing from\n{after}");
+            }
+        }
     }
 
     #[tokio::test]

@@ -38,6 +38,12 @@ use super::schema::{preserve_object, preserve_object_list};
         json_path = ".metadata.creationTimestamp"
     )
 )]
+// What the estimate, plan and placement rest on cannot change: the API server enforces it
+// with transition rules even when the webhook is down (the webhook says the same).
+#[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.model == oldSelf.model", "message": "spec.model cannot change on a TrainingJob; delete and re-create the job"},
+        {"rule": "self.training.mode == oldSelf.training.mode", "message": "spec.training.mode cannot change on a TrainingJob; delete and re-create the job"}
+]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingJobSpec {
     /// The model: exactly one of preset, transformer, hfConfig, layers, custom.
@@ -752,7 +758,9 @@ pub struct TrainingJobStatus {
     pub learned: Option<Learned>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// One condition per type (a list-map keyed by `type`, so server-side apply merges them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

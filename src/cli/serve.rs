@@ -158,12 +158,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             (Arc::new(source), Box::pin(driver))
         }
     };
+    // One registry for /metrics: the webhook's families, the operator's, the build.
+    let mut state = AppState::new(source.clone());
+    crate::metrics::register_build_info(&mut state.registry);
+    let operator_metrics = operator::OperatorMetrics::register(&mut state.registry);
     // The operator runs with a live inventory; a static file has no cluster to act on.
     let operator: futures::future::BoxFuture<'static, anyhow::Result<()>> = match client {
         Some(client) if !no_operator => {
             let identity = identity(identity_flag);
             let config = operator::Config {
                 instance: Some(identity.clone()),
+                metrics: operator_metrics,
                 ..operator::Config::default()
             };
             let lease = operator::LeaseConfig::new(&lease_namespace, &lease_name, &identity);
@@ -183,7 +188,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         _ => Box::pin(std::future::pending()),
     };
-    let state = Arc::new(AppState::new(source));
+    let state = Arc::new(state);
     tokio::spawn(webhook::log_summaries(
         state.clone(),
         Duration::from_secs(SUMMARY_SECS),

@@ -45,6 +45,7 @@ use super::admit::{self, Decision};
 use super::conditions::{self as cond, truncate};
 use super::events::{self, Kind};
 use super::ledger::{self, Entry, Ledger};
+use super::metrics::OomKind;
 use super::oom::{self, Failure};
 use super::render::{self, ATTEMPT_LABEL, AttemptSpec, JOB_LABEL};
 use super::{fingerprint, learn, profiles};
@@ -74,6 +75,8 @@ pub struct Config {
     /// while it runs: unbounded, a burst of jobs opens as many connections
     /// (and their buffers) as there are jobs.
     pub concurrency: u16,
+    /// Where the operator's figures go (unregistered by default).
+    pub metrics: super::OperatorMetrics,
 }
 
 impl Default for Config {
@@ -86,6 +89,7 @@ impl Default for Config {
             log_limit_bytes: 256 * 1024,
             error_requeue: Duration::from_secs(5),
             concurrency: 16,
+            metrics: super::OperatorMetrics::default(),
         }
     }
 }
@@ -194,6 +198,15 @@ async fn write_status(
 /// Entry point of one reconcile.
 pub async fn reconcile(tj: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+    let metrics = &ctx.config.metrics;
+    let _timer = metrics.reconcile_timer();
+    let uid = tj.uid().unwrap_or_default();
+    if tj.meta().deletion_timestamp.is_some() {
+        metrics.set_phase(&uid, None);
+    } else {
+        let phase = tj.status.as_ref().and_then(|s| s.phase);
+        metrics.set_phase(&uid, Some(super::metrics::phase_label(phase)));
+    }
     let ns = tj
         .namespace()
         .ok_or_else(|| Error::Other("TrainingJob without a namespace".into()))?;
@@ -422,6 +435,7 @@ async fn pending(
         Decision::Admit(a) => {
             let job_name = render::job_name(&tj.name_any(), attempt);
             let mut plan = a.plan.clone();
+            let adjusted = !plan.changes.is_empty();
             let learned = status.learned.clone();
             plan.expandable_segments = learned.as_ref().is_some_and(|l| l.expandable_segments);
             if let Some(profile) = from_profile {
@@ -487,6 +501,7 @@ async fn pending(
                 }
             };
             drop(ledger);
+            ctx.config.metrics.placed(adjusted);
             ctx.set_waiting(ObjectRef::from_obj(&**tj), false);
             ctx.event(tj, Kind::Normal, "Placed", message).await;
             // Make the Job now rather than on the next event.
@@ -939,7 +954,7 @@ async fn attempt_failed(
                 generation,
                 &t,
             );
-            finish(
+            let done = finish(
                 api,
                 tj,
                 ctx,
@@ -948,7 +963,11 @@ async fn attempt_failed(
                 (cond::RUNNING, "HostOutOfMemory"),
                 message,
             )
-            .await
+            .await;
+            if done.is_ok() {
+                ctx.config.metrics.oom(OomKind::Host);
+            }
+            done
         }
         Failure::Other { .. } => {
             let message = format!(
@@ -1034,7 +1053,7 @@ async fn attempt_failed(
                     generation,
                     &t,
                 );
-                return finish(
+                let done = finish(
                     api,
                     tj,
                     ctx,
@@ -1044,6 +1063,10 @@ async fn attempt_failed(
                     message,
                 )
                 .await;
+                if done.is_ok() {
+                    gpu_oom_counted(&ctx.config.metrics, lesson.observed_bytes, estimated);
+                }
+                return done;
             }
             let next = if learned.expandable_segments
                 && !status.plan.as_ref().is_some_and(|p| p.expandable_segments)
@@ -1077,6 +1100,8 @@ async fn attempt_failed(
             status.job_name = None;
             status.message = Some(truncate(&message, 4096));
             write_status(api, tj, status).await?;
+            gpu_oom_counted(&ctx.config.metrics, lesson.observed_bytes, estimated);
+            ctx.config.metrics.oom_retries.inc();
             // Replace the Job: its pods go with it.
             let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
             match jobs.delete(job_name, &DeleteParams::background()).await {
@@ -1092,6 +1117,14 @@ async fn attempt_failed(
     }
 }
 
+/// A GPU OOM, and what it proved over the estimate when it proved something.
+fn gpu_oom_counted(metrics: &super::OperatorMetrics, observed: Option<u64>, estimated: u64) {
+    metrics.oom(OomKind::Gpu);
+    if let Some(o) = observed {
+        metrics.proved(o, estimated);
+    }
+}
+
 fn error_policy(tj: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
     match error {
         Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
@@ -1099,6 +1132,7 @@ fn error_policy(tj: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Actio
             Action::requeue(Duration::from_millis(50))
         }
         _ => {
+            ctx.config.metrics.reconcile_errors.inc();
             tracing::warn!(job = %tj.name_any(), %error, "reconcile failed");
             Action::requeue(ctx.config.error_requeue)
         }
@@ -1239,7 +1273,14 @@ pub async fn run(
                 _ = stop_rx => {},
             }
         };
-        let run = run_controller(client.clone(), inventory.clone(), config.clone(), stop_all);
+        let (c, inv, cfg) = (client.clone(), inventory.clone(), config.clone());
+        let metrics = config.metrics.clone();
+        let run = async move {
+            let r = run_controller(c, inv, cfg, stop_all).await;
+            // Another replica leads and counts the jobs now.
+            metrics.clear_phases();
+            r
+        };
         tokio::pin!(run);
         tokio::select! {
             r = &mut run => {

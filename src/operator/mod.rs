@@ -16,12 +16,14 @@ pub mod fingerprint;
 pub mod leader;
 pub mod learn;
 pub mod ledger;
+pub mod metrics;
 pub mod oom;
 pub mod profiles;
 pub mod render;
 
 pub use controller::{Config, FINALIZER, run, run_controller};
 pub use leader::LeaseConfig;
+pub use metrics::OperatorMetrics;
 
 /// The name serde gives an enum value (`bf16-mixed`), for env vars and words.
 pub(crate) fn enum_name<T: serde::Serialize>(v: &T) -> String {
