@@ -59,7 +59,7 @@ fn alias_bomb(levels: usize) -> String {
         let below = format!("*l{}", i - 1);
         text.push_str(&format!(
             "    l{i}: &l{i} [{}]\n",
-            vec![below.as_str(); 10].join(", ")
+            [below.as_str(); 10].join(", ")
         ));
     }
     text.push_str("spec:\n  model: {preset: gpt2}\n");

@@ -201,6 +201,9 @@ async fn well_formed(server: &Server, template: &Value, round: usize) -> usize {
     n
 }
 
+/// A change that spoils a well-formed review.
+type Edit = fn(&mut Value);
+
 /// Peak and current resident memory of this process, in MiB (Linux).
 fn memory_mib() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -290,7 +293,7 @@ async fn the_webhook_keeps_serving_under_abuse() {
     );
 
     // Well-formed JSON that is not a v1 AdmissionReview, or has no uid.
-    let edits: [(&str, fn(&mut Value)); 5] = [
+    let edits: [(&str, Edit); 5] = [
         ("wrong apiVersion", |v| {
             v["apiVersion"] = "admission.k8s.io/v1beta1".into()
         }),
