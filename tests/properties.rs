@@ -1,19 +1,26 @@
 //! Properties of the estimator over generated specs: every spec the validator
 //! accepts is estimated without panic or error, the three peak figures are
 //! ordered (allocated ≤ reserved ≤ per GPU), and the allocated peak never
-//! shrinks when the micro-batch or the sequence grows. Three `#[ignore]`d
+//! shrinks when the micro-batch or the sequence grows; a plan the shrink
+//! search returns fits when estimated again, and the webhook's answer to any
+//! spec stays within Kubernetes' size limits. Three `#[ignore]`d
 //! tests at the end hold estimator bugs the properties found; they pass once
 //! the bugs are fixed and then belong in the properties.
 
+use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 use vramguard::api::{
-    self, Attention, Checkpointing, CustomModel, FitPolicy, Framework, LoraSpec, Loss, MlpKind,
-    ModelSpec, NormKind, Offload, Optimizer, ParallelismSpec, PipelineSchedule, Precision,
-    Quantization, TrainingJobSpec, TrainingMode, TrainingSpec, TransformerKind, TransformerSpec,
-    validate,
+    self, AdjustableField, Attention, Checkpointing, CustomModel, FitMode, FitPolicy, Framework,
+    LoraSpec, Loss, MlpKind, ModelSpec, NormKind, Offload, Optimizer, ParallelismSpec,
+    PipelineSchedule, Precision, Quantization, TrainingJobSpec, TrainingMode, TrainingSpec,
+    TransformerKind, TransformerSpec, validate,
 };
 use vramguard::estimate::presets::PRESETS;
 use vramguard::estimate::{self, GpuProduct, gpus::GPUS};
+use vramguard::inventory::{Snapshot, Source, Static};
+use vramguard::plan::{self, GpuView, effective_batch};
+use vramguard::webhook::decide;
+use vramguard::webhook::review::{Object, Review};
 
 fn preset_model() -> impl Strategy<Value = ModelSpec> {
     (0..PRESETS.len()).prop_map(|i| ModelSpec {
@@ -608,4 +615,155 @@ fn the_largest_tensor_is_part_of_the_allocated_bytes() {
         s.largest_tensor_bytes,
         s.peak_allocated_bytes
     );
+}
+
+/// Any subset of the fields the planner may change, in Adjust mode, with a
+/// margin anywhere in its range.
+fn fit_policy() -> impl Strategy<Value = FitPolicy> {
+    let fields = vec![
+        AdjustableField::MicroBatchSize,
+        AdjustableField::Precision,
+        AdjustableField::GradientCheckpointing,
+        AdjustableField::Optimizer,
+        AdjustableField::ZeroStage,
+        AdjustableField::Loss,
+    ];
+    (
+        prop::sample::subsequence(fields.clone(), 0..=fields.len()),
+        0.0f64..0.5,
+    )
+        .prop_map(|(allow, safety_margin)| FitPolicy {
+            mode: FitMode::Adjust,
+            allow,
+            safety_margin,
+            ..FitPolicy::default()
+        })
+}
+
+/// A GPU of the catalog as a placement would see it: part of it taken, its
+/// free memory in pieces.
+fn gpu_view() -> impl Strategy<Value = (&'static GpuProduct, GpuView)> {
+    (gpu(), 0.05f64..=1.0, 0.05f64..=1.0).prop_map(|(gpu, free, block)| {
+        let total = gpu.usable_bytes();
+        let free_bytes = (total as f64 * free) as u64;
+        let view = GpuView {
+            total_bytes: total,
+            free_bytes,
+            largest_block_bytes: (free_bytes as f64 * block) as u64,
+        };
+        (gpu, view)
+    })
+}
+
+/// The example cluster as the webhook's static inventory sees it.
+fn example_snapshot() -> (Snapshot, Timestamp) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/cluster.yaml"
+    ))
+    .expect("the example cluster reads");
+    let nodes: Vec<_> = api::parse::documents(&text)
+        .expect("YAML")
+        .into_iter()
+        .map(|d| api::parse::gpu_node(d).expect("a GpuNode"))
+        .collect();
+    let now = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.probe_time.as_ref().map(|t| t.0))
+        .max()
+        .expect("the example cluster has probe times");
+    (Static::new(nodes, now.as_second()).snapshot(), now)
+}
+
+/// A CREATE review of a TrainingJob named `name` with `spec`, as the API
+/// server sends it.
+fn review_of(name: &str, spec: &TrainingJobSpec) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "7b0ac6b0-0000-4000-8000-000000000000",
+            "kind": {"group": "vramguard.io", "version": "v1alpha1", "kind": "TrainingJob"},
+            "resource": {"group": "vramguard.io", "version": "v1alpha1", "resource": "trainingjobs"},
+            "name": name,
+            "namespace": "team-a",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": {
+                "apiVersion": "vramguard.io/v1alpha1",
+                "kind": "TrainingJob",
+                "metadata": {"name": name, "namespace": "team-a"},
+                "spec": spec,
+            },
+        },
+    }))
+    .expect("a review serialises")
+}
+
+/// Names and presets a user may write, long and not ASCII included.
+fn hostile_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z0-9-]{1,63}",
+        "\\PC{0,400}",
+        (1usize..5000).prop_map(|n| "é".repeat(n)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        max_global_rejects: 4096,
+        ..ProptestConfig::default()
+    })]
+
+    /// A plan the shrink search returns fits the GPU it was searched for when
+    /// its settings are applied and the job is estimated again, and keeps the
+    /// effective batch.
+    #[test]
+    fn a_plan_the_search_returns_fits_when_re_estimated(
+        spec in spec(),
+        policy in fit_policy(),
+        (gpu, view) in gpu_view(),
+    ) {
+        let spec = TrainingJobSpec { fit_policy: policy, ..spec };
+        let Ok(job) = validate(&spec) else { return Ok(()) };
+        let Ok(shrink) = plan::shrink(&job, gpu, view) else { return Ok(()) };
+        if let Some(p) = shrink.plan {
+            let applied = p.apply(&job);
+            let est = estimate::estimate(&applied, gpu)
+                .map_err(|e| TestCaseError::fail(format!("the plan cannot be estimated: {e}")))?;
+            let verdict = plan::fit_estimate(&est, spec.fit_policy.safety_margin, view);
+            prop_assert!(verdict.fits, "{:?} does not fit {view:?}: {verdict:?}", p.settings);
+            prop_assert_eq!(est.status.per_gpu_bytes, p.estimate.per_gpu_bytes);
+            prop_assert_eq!(effective_batch(&applied), effective_batch(&job));
+            prop_assert!(p.settings.micro_batch_size >= spec.fit_policy.min_micro_batch_size);
+        }
+    }
+
+    /// Whatever the spec, the name or the preset, the webhook's answer stays
+    /// within what Kubernetes carries: a denial's message within 1024 bytes
+    /// (what `kubectl` shows and an Event note holds), each warning within
+    /// 120 characters and all of them within the API server's 4096.
+    #[test]
+    fn any_decision_stays_under_the_size_limits(
+        spec in spec(),
+        name in hostile_text(),
+        preset in prop::option::of(hostile_text()),
+        policy in fit_policy(),
+    ) {
+        let mut spec = TrainingJobSpec { fit_policy: policy, ..spec };
+        if let Some(p) = preset {
+            spec.model = ModelSpec { preset: Some(p), ..ModelSpec::default() };
+        }
+        let body = review_of(&name, &spec);
+        let review: Review<'_, Object> = serde_json::from_slice(&body).expect("the review reads");
+        let (snapshot, now) = example_snapshot();
+        let request = review.request.expect("a request");
+        let d = decide::review(request, &snapshot, now);
+        prop_assert!(d.status.message.len() <= decide::MAX_MESSAGE, "{}", d.status.message.len());
+        prop_assert!(d.allowed || !d.status.message.is_empty());
+        let total: usize = d.warnings.iter().map(String::len).sum();
+        prop_assert!(d.warnings.iter().all(|w| w.len() <= decide::MAX_WARNING));
+        prop_assert!(total <= 4096, "{total} bytes of warnings");
+    }
 }

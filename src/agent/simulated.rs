@@ -27,6 +27,10 @@ use crate::inventory::catalog_product;
 /// Context size used when neither the file nor the catalog gives one.
 const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
 
+/// Most GPUs one simulated node holds: each is a copy of its allocator, so a
+/// `count` of four billion would take the agent's memory with it.
+pub const MAX_GPUS: usize = 1024;
+
 /// Why a simulated-GPU file could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SimError {
@@ -364,6 +368,18 @@ impl Simulated {
                 return Err(field(
                     format!("{path}.count"),
                     "0 is not allowed; minimum is 1",
+                ));
+            }
+            if usize::try_from(gpu.count)
+                .ok()
+                .is_none_or(|n| n > MAX_GPUS - devices.len())
+            {
+                return Err(field(
+                    format!("{path}.count"),
+                    format!(
+                        "{} more GPUs would make more than {MAX_GPUS} on the node",
+                        gpu.count
+                    ),
                 ));
             }
             for n in 0..gpu.count {

@@ -28,10 +28,7 @@ pub enum ParseError {
 }
 
 fn fields_to_string(f: &[FieldError]) -> String {
-    f.iter()
-        .map(|e| e.to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
+    super::validate::errors_to_string(f)
 }
 
 /// Split text into its YAML documents (empty ones skipped).
@@ -47,14 +44,14 @@ pub fn documents(text: &str) -> Result<Vec<Value>, ParseError> {
     let docs: Vec<Value> =
         serde_saphyr::from_multiple_with_options(text, options).map_err(|e| {
             // Keep the message on one line per problem, without source snippets.
-            ParseError::Syntax(
+            ParseError::Syntax(super::validate::clip(
                 e.to_string()
                     .lines()
                     .next()
                     .unwrap_or("")
                     .trim()
                     .to_string(),
-            )
+            ))
         })?;
     if docs.is_empty() {
         return Err(ParseError::Empty);

@@ -30,10 +30,45 @@ pub struct FieldError {
     pub reason: String,
 }
 
+/// Longest line one field error prints: a hostile document can put megabytes
+/// into a value the error would otherwise echo.
+pub const MAX_ERROR_LINE: usize = 512;
+/// Errors printed for one document; the rest are counted.
+pub const MAX_ERRORS_SHOWN: usize = 20;
+
+/// `line` cut to at most [`MAX_ERROR_LINE`] bytes, ending in `...` when cut.
+pub fn clip(mut line: String) -> String {
+    if line.len() > MAX_ERROR_LINE {
+        let mut end = MAX_ERROR_LINE - 3;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+        line.push_str("...");
+    }
+    line
+}
+
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.reason)
+        f.write_str(&clip(format!("{}: {}", self.path, self.reason)))
     }
+}
+
+/// `errs` one per line, at most [`MAX_ERRORS_SHOWN`] of them.
+pub fn errors_to_string(errs: &[FieldError]) -> String {
+    let mut lines: Vec<String> = errs
+        .iter()
+        .take(MAX_ERRORS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if errs.len() > MAX_ERRORS_SHOWN {
+        lines.push(format!(
+            "... and {} more problems",
+            errs.len() - MAX_ERRORS_SHOWN
+        ));
+    }
+    lines.join("\n")
 }
 
 /// All problems found in one spec.
@@ -42,13 +77,7 @@ pub struct ValidationErrors(pub Vec<FieldError>);
 
 impl fmt::Display for ValidationErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
+        f.write_str(&errors_to_string(&self.0))
     }
 }
 

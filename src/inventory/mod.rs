@@ -10,7 +10,9 @@ use std::sync::{Arc, LazyLock, OnceLock};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use crate::api::{GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, NodeTaint, TrainingJobSpec};
+use crate::api::{
+    GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, MemoryProfile, NodeTaint, TrainingJobSpec,
+};
 use crate::estimate::gpus::{self, GpuProduct};
 use crate::operator::fingerprint;
 
@@ -240,6 +242,22 @@ pub fn merge(gpu_nodes: Vec<GpuNode>, nodes: &[Node]) -> Vec<GpuNode> {
     }
     out.sort_by(|a, b| a.spec.node_name.cmp(&b.spec.node_name));
     out
+}
+
+/// The ratios of the profiles that hold evidence, by profile name: a profile
+/// without observations, or whose ratio is not a positive finite number, teaches
+/// nothing.
+pub fn profile_ratios<'a>(
+    profiles: impl IntoIterator<Item = &'a MemoryProfile>,
+) -> HashMap<String, f64> {
+    profiles
+        .into_iter()
+        .filter_map(|p| {
+            let s = p.status.as_ref()?;
+            (s.observation_count > 0 && s.ratio.is_finite() && s.ratio > 0.0)
+                .then(|| (p.name_any(), s.ratio))
+        })
+        .collect()
 }
 
 /// Where the webhook reads the inventory from.

@@ -9,9 +9,9 @@ use futures::{Future, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
-use super::{GFD_PRODUCT, Snapshot, Source, merge};
+use super::{GFD_PRODUCT, Snapshot, Source, merge, profile_ratios};
 use crate::api::{GpuNode, MemoryProfile};
 
 /// Reads the reflectors' stores; cheap to clone.
@@ -40,17 +40,8 @@ impl Reflected {
             .collect();
         let nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
         let mut snapshot = Snapshot::new(merge(gpu_nodes, &nodes), None, false, None);
-        snapshot.profiles = Arc::new(
-            self.profiles
-                .state()
-                .iter()
-                .filter_map(|p| {
-                    let s = p.status.as_ref()?;
-                    (s.observation_count > 0 && s.ratio.is_finite() && s.ratio > 0.0)
-                        .then(|| (p.name_any(), s.ratio))
-                })
-                .collect(),
-        );
+        let profiles = self.profiles.state();
+        snapshot.profiles = Arc::new(profile_ratios(profiles.iter().map(|p| &**p)));
         snapshot
     }
 }

@@ -16,6 +16,7 @@ use axum::routing::{get, post};
 use k8s_openapi::jiff::Timestamp;
 use kube::core::Status;
 use prometheus_client::registry::Registry;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
@@ -30,6 +31,12 @@ use crate::inventory::Source;
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// Longest a request may take, body included (the API server's default webhook timeout is 10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reviews judged at once; more wait (within `REQUEST_TIMEOUT`) before their body is read,
+/// so bodies in memory stay under this many times `MAX_BODY_BYTES`.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// Longest a client may take over its TLS handshake, and over a request's head (also the
+/// longest an idle keep-alive connection is kept): a client that stalls there is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Shared state of every handler: the inventory, metrics, and the judgements
 /// of specs already reviewed.
@@ -100,6 +107,7 @@ pub fn router_with(state: Arc<AppState>, limits: Limits) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(RequestBodyLimitLayer::new(limits.body_bytes))
+        .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.timeout,
@@ -166,6 +174,16 @@ fn count(state: &AppState, started: Instant, verdict: Verdict, reason: Reason) {
 }
 
 fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant) -> Response {
+    if review.api_version != review::API_VERSION || review.kind != review::KIND {
+        count(state, started, Verdict::Invalid, Reason::Malformed);
+        return invalid(format!(
+            "apiVersion {:?}, kind {:?}: only {} {} is served",
+            review.api_version,
+            review.kind,
+            review::API_VERSION,
+            review::KIND
+        ));
+    }
     let Some(request) = review.request else {
         count(state, started, Verdict::Invalid, Reason::Malformed);
         return invalid(
@@ -300,10 +318,14 @@ pub async fn serve(
     // TCP_NODELAY: an answer is one small write; without it Nagle's algorithm can
     // hold it back until the client's delayed ACK (tens of milliseconds).
     let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+        .handshake_timeout(HANDSHAKE_TIMEOUT)
         .acceptor(axum_server::accept::NoDelayAcceptor::new());
-    axum_server::bind(addr)
-        .acceptor(acceptor)
-        .handle(handle)
-        .serve(router.into_make_service())
-        .await
+    let mut server = axum_server::bind(addr).acceptor(acceptor).handle(handle);
+    // axum-server turns hyper's header-read timeout off: without it a client that
+    // sends half a request head (or opens a connection and idles) holds it forever.
+    server
+        .http_builder()
+        .http1()
+        .header_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    server.serve(router.into_make_service()).await
 }
