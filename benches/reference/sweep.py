@@ -5,7 +5,9 @@ Each configuration builds a model from its config (Hugging Face `transformers`,
 torchvision, `peft`; random weights, nothing downloaded) on the meta device and
 runs one optimizer step (of `accum` micro-batches: forward, backward; the
 optimizer's states made beforehand) under `track.Tracker`, which follows every
-storage's life. The peak of live bytes, the phase it falls in and its breakdown by component are written in the calibration
+storage's life; in a plain loop, or for the `-trainer` ids through Transformers'
+`Trainer.training_step` and its gradient clipping. The peak of live bytes, the
+phase it falls in and its breakdown by component are written in the calibration
 format (`jobs/<id>.yaml` + `expected.json`, metric kind `allocated`) under
 benches/reference/rows/, with the measured breakdown beside the total, so that
 `report.py` can set every component against `vramguard estimate -o json`.
@@ -26,6 +28,7 @@ import json
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -94,7 +97,7 @@ def configurations():
     runs = []
 
     def add(family, mb, seq, precision="bf16-mixed", optimizer="adamw", impl="foreach",
-            ckpt="none", loss="standard", accum=1, peft="none"):
+            ckpt="none", loss="standard", accum=1, peft="none", stack="plain"):
         rid = f"{family}-mb{mb}-s{seq}-{precision}-{optimizer}"
         if optimizer.startswith("adamw") or optimizer == "adam":
             rid += f"-{impl}"
@@ -106,9 +109,11 @@ def configurations():
             rid += f"-accum{accum}"
         if peft != "none":
             rid += f"-{peft}"
+        if stack != "plain":
+            rid += f"-{stack}"
         runs.append((rid, dict(family=family, mb=mb, seq=seq, precision=precision,
                                optimizer=optimizer, impl=impl, ckpt=ckpt, loss=loss,
-                               accum=accum, peft=peft)))
+                               accum=accum, peft=peft, stack=stack)))
 
     shapes = ((1, 512), (2, 1024), (4, 256))
     for fam in DECODERS:
@@ -128,6 +133,8 @@ def configurations():
             add(fam, mb, seq, precision="bf16", ckpt="full")
         add(fam, 1, 2048)
         add(fam, 1, 2048, precision="fp32", impl="fused")
+        for mb, seq in shapes[:2]:
+            add(fam, mb, seq, stack="trainer")
     for fam in LORA_FAMILIES:
         for mb, seq in ((1, 512), (2, 1024)):
             for method in PEFT_METHODS:
@@ -168,6 +175,7 @@ CI = [
     "phi-mb1-s512-bf16-mixed-adamw-foreach",
     "phi-mb4-s256-bf16-adamw-foreach-ckptfull",
     "phi-mb2-s1024-fp32-adamw-foreach",
+    "llama-mb1-s512-bf16-mixed-adamw-foreach-trainer",
     # known-divergent, one per mechanism
     "bert-mb16-s512-bf16-adamw-foreach",
     "resnet-50-mb16-s224-bf16-mixed-adamw-foreach",
@@ -393,6 +401,8 @@ def run_one(c):
     for state in opt.state.values():
         for v in state.values():
             tracker.mark(v, "optimizerStates")
+    trainer = hf_trainer(model, opt, c, torch, lambda: to_backward()) \
+        if c["stack"] == "trainer" else None
     with tracker, sem:
         for m in range(c["accum"]):
             tracker.set_phase("setup", m)
@@ -402,14 +412,24 @@ def run_one(c):
             tracker.set_phase("forward", m)
             watched["first"] = True
             sem.cache_on = True
-            loss = forward(model, data, fam, chunked, torch, head)
-            tracker.kind = None
-            sem.clear_cache()
-            sem.cache_on = False  # a recompute in backward enters autocast anew
-            tracker.set_phase("backward:head" if blocks else "backward", m)
-            (loss / c["accum"]).backward()
-            del loss, data
+
+            def to_backward(m=m):
+                tracker.kind = None
+                sem.clear_cache()
+                sem.cache_on = False  # a recompute in backward enters autocast anew
+                tracker.set_phase("backward:head" if blocks else "backward", m)
+
+            if trainer is not None:
+                trainer.training_step(model, data)
+            else:
+                loss = forward(model, data, fam, chunked, torch, head)
+                to_backward()
+                (loss / c["accum"]).backward()
+                del loss
+            del data
         tracker.set_phase("optimizer")
+        if trainer is not None:
+            trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
         opt.step()
         for state in opt.state.values():
             for v in state.values():
@@ -444,6 +464,30 @@ def recompute_under(model, sem, torch):
     for m in model.modules():
         if hasattr(m, "_gradient_checkpointing_func"):
             m._gradient_checkpointing_func = ckpt
+
+
+def hf_trainer(model, opt, c, torch, before_backward):
+    """Transformers' Trainer around the model, for its `training_step` (compute_loss,
+    accelerate's backward) and gradient clipping, with the recipe's optimizer. Its device
+    moves are skipped (the model and the batch stay on meta)."""
+    import transformers
+
+    args = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="trainer-"), per_device_train_batch_size=c["mb"],
+        gradient_accumulation_steps=c["accum"], max_grad_norm=1.0, report_to=[],
+        use_cpu=True, save_strategy="no", logging_strategy="no")
+    model.hf_device_map = {"": "meta"}  # the Trainer leaves a placed model where it is
+    trainer = transformers.Trainer(model=model, args=args, optimizers=(opt, None))
+    trainer._prepare_inputs = lambda inputs: inputs
+    trainer.current_gradient_accumulation_steps = c["accum"]
+    backward = trainer.accelerator.backward
+
+    def phased(loss, **kwargs):
+        before_backward()
+        return backward(loss, **kwargs)
+
+    trainer.accelerator.backward = phased
+    return trainer
 
 
 def forward(model, data, fam, chunked, torch, head):
