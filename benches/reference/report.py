@@ -76,14 +76,14 @@ KNOWN_DIVERGENT = [
     ("optimizer-impl", r"-(forloop|fused)@", "optimizer implementation (a stack profile): "
      "the estimator always counts foreach's one-state temporary at the step; for-loop "
      "keeps one parameter's, fused none"),
+    ("chunked-loss", r"-losschunked.*@(forward|backward)", "chunked loss: the estimator keeps the head's 16-bit "
+     "output for every token besides the fp32 log-softmax; the output is freed per chunk"),
     ("gelu-new", r"^(gpt2|phi)-.*[@/](forward|backward)", "Transformers' gelu_new (GPT-2, Phi) runs as eight "
      "pointwise ops, each keeping its input (fp32 under autocast: pow is on autocast's fp32 "
      "list); the estimator counts the MLP activation once at e bytes"),
     ("tied-head-copy", r"^(llama|qwen2|gemma2|t5)-.*-(bf16|fp16)-mixed-.*@(forward|backward)", "under autocast a "
      "tied LM head is cast to 16 bit and the copy saved for backward (vocab x hidden x 2 "
      "bytes); the estimator counts 16-bit copies of block matrices only"),
-    ("chunked-loss", r"-losschunked.*@(forward|backward)", "chunked loss: the estimator keeps the head's 16-bit "
-     "output for every token besides the fp32 log-softmax; the output is freed per chunk"),
     ("fp32-gqa", r"^(llama|qwen2|mixtral)-.*-fp32-.*@(forward|backward)", "fp32 with grouped K/V: no fused kernel "
      "takes enable_gqa in fp32 in this reference (math path, S x S scores kept); not "
      "confirmed on a GPU"),
