@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod apiserver;
 pub mod cli;
 pub mod estimate;
 pub mod inventory;
