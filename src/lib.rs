@@ -11,4 +11,5 @@ pub mod estimate;
 pub mod inventory;
 pub mod operator;
 pub mod plan;
+pub mod simulate;
 pub mod webhook;
