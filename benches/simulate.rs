@@ -70,7 +70,7 @@ fn scenario_text(jobs: u64, gpus: u64) -> String {
             "under",
             share(0.05),
             "30m",
-            "{model: {custom: {parameters: 1.3e9, activationBytesPerSample: 2.0e9}}, training: {mode: full, microBatchSize: 8}, parallelism: {gpus: 1}, fitPolicy: {mode: Adjust, allow: [microBatchSize]}}",
+            "{model: {custom: {parameters: 1.3e9, activationBytesPerSample: 6.0e9}}, training: {mode: full, microBatchSize: 8}, parallelism: {gpus: 1}, fitPolicy: {mode: Adjust, allow: [microBatchSize]}}",
             "factor: 1.3, ",
         ),
     ];

@@ -50,7 +50,7 @@ jobs:
     duration: 40m
     factor: 1.4
     spec:
-      model: {custom: {parameters: 1.3e9, activationBytesPerSample: 2.0e9}}
+      model: {custom: {parameters: 1.3e9, activationBytesPerSample: 6.0e9}}
       training: {mode: full, microBatchSize: 8}
       parallelism: {gpus: 1}
       fitPolicy: {mode: Adjust, allow: [microBatchSize], maxOomRetries: 3}
