@@ -14,8 +14,7 @@
 //! and when the last job was placed, its peak (VmHWM), and the bytes live on
 //! its heap.
 
-#[path = "../tests/support/apiserver.rs"]
-mod apiserver;
+use vramguard::apiserver;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

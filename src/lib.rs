@@ -5,10 +5,12 @@
 
 pub mod agent;
 pub mod api;
+pub mod apiserver;
 pub mod cli;
 pub mod estimate;
 pub mod inventory;
 pub mod metrics;
 pub mod operator;
 pub mod plan;
+pub mod simulate;
 pub mod webhook;

@@ -2,7 +2,7 @@
 //! libnvidia-ml built here from `tests/support/nvml_stub.c`, the simulated
 //! backend's fragmentation, missing and stale data and MIG, the published data
 //! through placement, the publishing loop against an in-process API server
-//! (a minimal fake, and the in-memory one in `tests/support` over HTTP), and
+//! (a minimal fake, and the in-memory one in `src/apiserver` over HTTP), and
 //! `vramguard agent --once` through the real binary.
 
 mod support;

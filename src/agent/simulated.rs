@@ -438,6 +438,39 @@ impl Simulated {
             .get(usize::try_from(index).ok()?)
             .map(|d| &d.allocator)
     }
+
+    /// The CUDA context a new process creates on a device.
+    pub fn context_bytes(&self, index: u32) -> Option<u64> {
+        self.get(index).ok().map(|d| d.context_bytes)
+    }
+
+    /// A process (`pid`, e.g. a simulated trainer) allocates `bytes` on a
+    /// device: the block's offset, or None when no free block is that large
+    /// (what cudaMalloc answers with an out-of-memory error). The process is
+    /// listed on the device from its first allocation.
+    pub fn alloc(&mut self, index: u32, pid: u32, bytes: u64) -> Option<u64> {
+        let d = self.devices.get_mut(usize::try_from(index).ok()?)?;
+        let offset = d.allocator.alloc(bytes, pid)?;
+        if !d.pids.contains(&pid) {
+            d.pids.push(pid);
+        }
+        Some(offset)
+    }
+
+    /// The process `pid` exits: its blocks at `offsets` are freed and it
+    /// leaves the device's process list.
+    pub fn exit(&mut self, index: u32, pid: u32, offsets: &[u64]) {
+        let Some(d) = usize::try_from(index)
+            .ok()
+            .and_then(|i| self.devices.get_mut(i))
+        else {
+            return;
+        };
+        for &o in offsets {
+            d.allocator.free(o);
+        }
+        d.pids.retain(|&p| p != pid);
+    }
 }
 
 impl SimDevice {

@@ -1,4 +1,4 @@
-//! The `vramguard` command line: `estimate` and `crds`. The only module that
+//! The `vramguard` command line: `estimate`, `crds`, `serve`, `agent`, `simulate`. The only module that
 //! uses `anyhow`; everything it decides comes from `api`, `estimate`, `plan`.
 
 pub mod agent;
@@ -6,6 +6,7 @@ pub mod crds;
 pub mod estimate;
 mod render;
 pub mod serve;
+pub mod simulate;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,9 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Probe this node's GPUs: print one probe (--once), or publish a GpuNode and serve /check.
     Agent(agent::AgentArgs),
+    /// Run a scenario: webhook, operator and agents on simulated GPUs and trainers, with faults,
+    /// side by side with vramguard off.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Parse arguments, run, and map the outcome to an exit code.
@@ -75,6 +79,18 @@ pub fn main() -> ExitCode {
         Command::Crds => crds::run(&mut std::io::stdout().lock()),
         Command::Serve(args) => run_async(cli.log_format, serve::run(args)),
         Command::Agent(args) => run_async(cli.log_format, agent::run(args)),
+        Command::Simulate(args) => {
+            // The simulated operator and agents log like real ones: warnings only.
+            init_tracing_at(cli.log_format, "warn");
+            let stdout = std::io::stdout();
+            let stderr = std::io::stderr();
+            simulate::run(
+                &args,
+                &mut std::io::stdin().lock(),
+                &mut stdout.lock(),
+                &mut stderr.lock(),
+            )
+        }
     };
     ExitCode::from(code)
 }
@@ -103,9 +119,14 @@ pub(crate) async fn shutdown_signal(what: &'static str) {
 }
 
 fn init_tracing(format: LogFormat) {
+    init_tracing_at(format, "info");
+}
+
+/// Logs to standard error at `default` unless RUST_LOG says otherwise.
+fn init_tracing_at(format: LogFormat, default: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -422,15 +422,14 @@ async fn pending(
     let snapshot = ctx.inventory.snapshot();
     let (scale, from_profile) = learnt_scale(tj, &snapshot);
     let reservations = ledger.reservations(&snapshot.nodes);
-    let decision = admit::decide(
-        &job,
-        &snapshot,
-        &reservations,
-        &tolerations,
-        Timestamp::now(),
-        scale,
-    )
-    .map_err(Error::Other)?;
+    // Staleness is judged as the webhook judges it: as of the snapshot's
+    // time when it carries one (a simulated clock), else now.
+    let as_of = snapshot
+        .as_of_unix
+        .and_then(|s| Timestamp::from_second(s).ok())
+        .unwrap_or_else(Timestamp::now);
+    let decision = admit::decide(&job, &snapshot, &reservations, &tolerations, as_of, scale)
+        .map_err(Error::Other)?;
     match decision {
         Decision::Admit(a) => {
             let job_name = render::job_name(&tj.name_any(), attempt);

@@ -1,4 +1,6 @@
 //! Shared helpers for the integration tests (`mod support;` in a test file).
 
-pub mod apiserver;
+/// The in-memory API server is part of the library (`vramguard simulate`
+/// runs on it too); tests reach it under its old path.
+pub use vramguard::apiserver;
 pub mod fixtures;

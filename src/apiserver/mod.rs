@@ -1,6 +1,9 @@
-//! An in-memory Kubernetes API server for tests, over real HTTP, that kube's
-//! real client talks to: watches, resourceVersions and patches go through the
-//! same client code a cluster uses.
+//! An in-memory Kubernetes API server that kube's real client talks to, over
+//! real HTTP on loopback ([`ApiServer::start`]) or in the same process with no
+//! socket ([`ApiServer::in_process`]): watches, resourceVersions and patches
+//! go through the same client code a cluster uses. The tests use it, and so
+//! does `vramguard simulate`, which runs the webhook, operator and agents on
+//! it under simulated time.
 //!
 //! It is generic over resources by URL: `/api/v1/...` (core) and
 //! `/apis/{group}/{version}/...`, namespaced (`namespaces/{ns}/{plural}`) and
@@ -47,8 +50,6 @@
 //! Simplification: server-side apply merges the applied object into the
 //! stored one like a JSON merge patch; it keeps no managedFields, so it never
 //! removes fields a manager stopped applying and never reports conflicts.
-
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -146,6 +147,10 @@ struct Inner {
     no_status_subresource: HashSet<Res>,
     logs: HashMap<(String, String), String>,
     requests: Vec<Request>,
+    /// Keep no request log (a long simulation makes millions of requests).
+    no_request_log: bool,
+    /// Keep at most about this many events; older ones are compacted away.
+    history_limit: Option<usize>,
 }
 
 struct Shared {
@@ -162,11 +167,36 @@ impl Shared {
     }
 }
 
+/// How a server keeps its history.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Record every request for [`ApiServer::requests`].
+    pub request_log: bool,
+    /// Keep at most about this many watch events (None: all); a watch
+    /// further behind gets 410 Expired and relists, as after compaction.
+    pub history_limit: Option<usize>,
+    /// An idle watch gets a BOOKMARK this often (when it asked for them).
+    pub bookmark_every: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            request_log: true,
+            history_limit: None,
+            bookmark_every: Duration::from_secs(1),
+        }
+    }
+}
+
 /// The running server; dropping it ends its watches and stops it.
 pub struct ApiServer {
+    /// `http://127.0.0.1:PORT`, or `in-process:` when no socket is bound.
     pub url: String,
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
+    /// The router itself, when clients call it in process.
+    router: Option<Router>,
 }
 
 impl Drop for ApiServer {
@@ -176,10 +206,50 @@ impl Drop for ApiServer {
 }
 
 impl ApiServer {
+    /// Serve over HTTP on a loopback port.
     pub async fn start() -> ApiServer {
+        let (shared, router, shutdown) = ApiServer::parts(Options::default());
+        let mut stop = shutdown.subscribe();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+        });
+        ApiServer {
+            url,
+            shared,
+            shutdown,
+            router: None,
+        }
+    }
+
+    /// A server that clients call in the same process, with no socket: every
+    /// request still goes through kube's client and this server's HTTP
+    /// handling, and nothing waits on I/O, so paused tokio time can run it.
+    pub fn in_process(options: Options) -> ApiServer {
+        let (shared, router, shutdown) = ApiServer::parts(options);
+        ApiServer {
+            url: "in-process:".into(),
+            shared,
+            shutdown,
+            router: Some(router),
+        }
+    }
+
+    fn parts(options: Options) -> (Arc<Shared>, Router, watch::Sender<bool>) {
         let (changed, _) = watch::channel(0);
         let (epoch, _) = watch::channel(0);
-        let mut inner = Inner::default();
+        let mut inner = Inner {
+            no_request_log: !options.request_log,
+            history_limit: options.history_limit,
+            ..Inner::default()
+        };
         for (g, v, p, k) in [
             ("", "v1", "nodes", "Node"),
             ("", "v1", "pods", "Pod"),
@@ -206,32 +276,20 @@ impl ApiServer {
             inner: Mutex::new(inner),
             changed,
             epoch,
-            bookmark_every: Duration::from_secs(1),
+            bookmark_every: options.bookmark_every,
         });
-        let (shutdown, mut stop) = watch::channel(false);
-        let app = Router::new()
+        let (shutdown, _) = watch::channel(false);
+        let router = Router::new()
             .fallback(handle)
             .with_state((shared.clone(), shutdown.subscribe()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-        });
-        ApiServer {
-            url,
-            shared,
-            shutdown,
-        }
+        (shared, router, shutdown)
     }
 
     /// kube's real client for this server (default namespace "default").
     pub fn client(&self) -> kube::Client {
+        if let Some(router) = &self.router {
+            return kube::Client::new(router.clone(), "default");
+        }
         let config = kube::Config::new(self.url.parse().expect("server url"));
         kube::Client::try_from(config).expect("kube client")
     }
@@ -467,6 +525,13 @@ impl Inner {
             old,
             new: obj.clone(),
         });
+        if let Some(limit) = self.history_limit
+            && self.events.len() > limit.saturating_mul(2)
+        {
+            let cut = self.events.len() - limit;
+            self.compacted = self.events[cut - 1].rv;
+            self.events.drain(..cut);
+        }
         shared.changed.send_replace(rv);
         Some(obj)
     }
@@ -888,13 +953,18 @@ async fn handle(
             },
         }
     };
-    shared.lock().requests.push(Request {
-        method: method.clone(),
-        path: uri.path().to_string(),
-        query: uri.query().unwrap_or("").to_string(),
-        content_type: content_type.clone(),
-        body: parsed_body.clone(),
-    });
+    {
+        let mut inner = shared.lock();
+        if !inner.no_request_log {
+            inner.requests.push(Request {
+                method: method.clone(),
+                path: uri.path().to_string(),
+                query: uri.query().unwrap_or("").to_string(),
+                content_type: content_type.clone(),
+                body: parsed_body.clone(),
+            });
+        }
+    }
     if uri.path() == "/version" {
         return json_response(
             StatusCode::OK,

@@ -1,0 +1,795 @@
+//! The simulated cluster around vramguard: GPU nodes (the agent's simulated
+//! backend, probed and published by the agent's own code), a kubelet that
+//! runs the Jobs the operator creates, and the trainers in them, which
+//! allocate on their GPUs what the job truly needs and die with PyTorch's
+//! out-of-memory message when the allocator cannot serve them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::agent::gpu::{BlockProbe, DeviceInfo, Gpu, GpuError, MemoryCheck, SearchLimits};
+use crate::agent::probe::{Assignment, Assignments, ProbeOptions, Prober};
+use crate::agent::publish::{self, PublishConfig};
+use crate::agent::simulated::Simulated;
+use crate::api::{Checkpointing, Loss, Optimizer, Precision, TrainingJob, ValidatedJob};
+use crate::estimate::gpus::GpuProduct;
+use crate::operator::render::{ATTEMPT_LABEL, JOB_LABEL};
+use crate::plan::settings::Settings;
+
+use super::record::{Outcome, Records, RunRecord};
+use super::scenario::NodeSpec;
+use super::truth::{self, RankNeed};
+use super::{Prepared, capacity_bytes};
+
+/// Simulated time: seconds since the scenario started, on tokio's clock
+/// (paused: it jumps to the next timer whenever every task waits).
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    start: tokio::time::Instant,
+    epoch_unix: i64,
+}
+
+/// The wall-clock time the scenario starts at: 2026-01-05T00:00:00Z.
+pub const EPOCH_UNIX: i64 = 1_767_571_200;
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock {
+            start: tokio::time::Instant::now(),
+            epoch_unix: EPOCH_UNIX,
+        }
+    }
+
+    pub fn secs(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    pub fn unix(&self) -> i64 {
+        self.epoch_unix + self.start.elapsed().as_secs() as i64
+    }
+
+    pub fn timestamp(&self) -> Timestamp {
+        Timestamp::from_second(self.unix()).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+
+    /// Sleep until `secs` after the start.
+    pub async fn until(&self, secs: f64) {
+        let at = self.start + Duration::from_secs_f64(secs.max(0.0));
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// One node's GPUs behind a lock, so the agent probes what trainers hold.
+struct SharedGpu(Arc<Mutex<Simulated>>);
+
+impl SharedGpu {
+    fn lock(&self) -> MutexGuard<'_, Simulated> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Gpu for SharedGpu {
+    fn backend(&self) -> &'static str {
+        "simulated"
+    }
+    fn device_count(&self) -> Result<u32, GpuError> {
+        self.lock().device_count()
+    }
+    fn device(&self, index: u32) -> Result<DeviceInfo, GpuError> {
+        self.lock().device(index)
+    }
+    fn driver_version(&self) -> Result<Option<String>, GpuError> {
+        self.lock().driver_version()
+    }
+    fn cuda_version(&self) -> Result<Option<String>, GpuError> {
+        self.lock().cuda_version()
+    }
+    fn context_overhead_bytes(&self, index: u32) -> Result<u64, GpuError> {
+        self.lock().context_overhead_bytes(index)
+    }
+    fn largest_allocatable_block(
+        &self,
+        index: u32,
+        max_bytes: u64,
+        limits: SearchLimits,
+    ) -> Result<BlockProbe, GpuError> {
+        self.lock()
+            .largest_allocatable_block(index, max_bytes, limits)
+    }
+    fn verify_block(&self, index: u32, bytes: u64) -> Result<MemoryCheck, GpuError> {
+        self.lock().verify_block(index, bytes)
+    }
+}
+
+/// One simulated node.
+pub struct Node {
+    pub spec: NodeSpec,
+    gpu: Arc<Mutex<Simulated>>,
+    prober: Prober,
+    /// The agent publishes (false after an `agentStops` fault).
+    pub publishing: bool,
+    /// The node is gone (a `nodeLost` fault).
+    pub lost: bool,
+    /// When the agent last published (scenario seconds).
+    pub last_publish: Option<f64>,
+}
+
+impl Node {
+    pub fn new(spec: &NodeSpec) -> Result<Node, String> {
+        let sim = Simulated::from_yaml(&format!(
+            "gpus: [{{product: {}, count: {}}}]",
+            spec.product.name, spec.gpus
+        ))
+        .map_err(|e| e.to_string())?;
+        let gpu = Arc::new(Mutex::new(sim));
+        let prober = Prober::new(Arc::new(SharedGpu(gpu.clone())), ProbeOptions::default());
+        Ok(Node {
+            spec: spec.clone(),
+            gpu,
+            prober,
+            publishing: true,
+            lost: false,
+            last_publish: None,
+        })
+    }
+
+    fn sim(&self) -> MutexGuard<'_, Simulated> {
+        self.gpu.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes in use on the node's GPUs, and their capacity.
+    pub fn memory(&self) -> (u64, u64) {
+        let sim = self.sim();
+        let mut used = 0;
+        for i in 0..self.spec.gpus {
+            if let Some(a) = sim.allocator(i) {
+                used += a.used_bytes();
+            }
+        }
+        (
+            used,
+            capacity_bytes(self.spec.product) * u64::from(self.spec.gpus),
+        )
+    }
+}
+
+/// A rank of a running attempt: one process on one GPU.
+#[derive(Clone, Debug)]
+struct Rank {
+    node: String,
+    gpu: u32,
+    pid: u32,
+    offsets: Vec<u64>,
+    need: RankNeed,
+}
+
+/// An attempt the kubelet runs (one batch/v1 Job).
+struct Run {
+    namespace: String,
+    job: String,
+    /// `namespace/pod` per node.
+    pods: Vec<(String, String)>,
+    ranks: Vec<Rank>,
+    record: usize,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+/// What the kubelet, the trainers and the agents share.
+pub struct World {
+    pub nodes: BTreeMap<String, Node>,
+    runs: HashMap<String, Run>,
+    /// Job uids already run (a relist must not start them again).
+    seen: HashMap<String, ()>,
+    next_pid: u32,
+}
+
+impl World {
+    pub fn new(nodes: &[NodeSpec]) -> Result<World, String> {
+        let mut map = BTreeMap::new();
+        for n in nodes {
+            map.insert(n.name.clone(), Node::new(n)?);
+        }
+        Ok(World {
+            nodes: map,
+            runs: HashMap::new(),
+            seen: HashMap::new(),
+            next_pid: 1000,
+        })
+    }
+
+    /// Attempts running now.
+    pub fn running(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// GPUs with at least one trainer on them.
+    pub fn busy_gpus(&self) -> u64 {
+        let mut busy: HashMap<(&str, u32), ()> = HashMap::new();
+        for r in self.runs.values() {
+            for k in &r.ranks {
+                busy.insert((k.node.as_str(), k.gpu), ());
+            }
+        }
+        busy.len() as u64
+    }
+
+    /// Which pods hold which GPUs on a node, as the kubelet's pod-resources
+    /// API tells the agent (time-sliced: several pods may share a GPU).
+    fn assignments(&self, node: &str) -> Assignments {
+        let mut by_index: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        for r in self.runs.values() {
+            for (pod, pod_node) in &r.pods {
+                if pod_node != node {
+                    continue;
+                }
+                for k in r.ranks.iter().filter(|k| k.node == node) {
+                    by_index.entry(k.gpu).or_default().push(pod.clone());
+                }
+            }
+        }
+        Assignments {
+            by_uuid: BTreeMap::new(),
+            by_index: by_index
+                .into_iter()
+                .map(|(i, mut pods)| {
+                    pods.sort();
+                    pods.dedup();
+                    (
+                        i,
+                        Assignment {
+                            pod: pods.join(","),
+                            shared: true,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Bytes the other attempts on a GPU hold beyond their own reservation.
+    fn overuse_by_others(&self, node: &str, gpu: u32, me: &str, records: &Records) -> u64 {
+        let Some(n) = self.nodes.get(node) else {
+            return 0;
+        };
+        let sim = n.sim();
+        let Some(alloc) = sim.allocator(gpu) else {
+            return 0;
+        };
+        let mut over = 0u64;
+        for (uid, r) in &self.runs {
+            if uid == me {
+                continue;
+            }
+            let reserved = records.runs[r.record].reserved_bytes_per_gpu;
+            for k in r.ranks.iter().filter(|k| k.node == node && k.gpu == gpu) {
+                over += alloc.used_by(k.pid).saturating_sub(reserved);
+            }
+        }
+        over
+    }
+}
+
+/// Everything the simulated cluster's tasks share.
+pub struct Cluster {
+    pub client: Client,
+    pub clock: Clock,
+    pub world: Mutex<World>,
+    pub records: Arc<Mutex<Records>>,
+    pub prepared: Arc<Vec<Prepared>>,
+    /// `namespace/name` → index in `prepared`.
+    pub by_name: HashMap<String, usize>,
+    pub oom_after: f64,
+    pub ttl_seconds: u64,
+    pub interval: f64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn time(ts: Timestamp) -> Value {
+    json!(Time(ts))
+}
+
+/// The plan a trainer reads from its environment, over the job as written.
+fn plan_from_env(job: &Job, written: &ValidatedJob) -> ValidatedJob {
+    let mut settings = Settings::of(written);
+    let env = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.env.clone())
+        .unwrap_or_default();
+    fn word<T: serde::de::DeserializeOwned>(v: &str) -> Option<T> {
+        serde_json::from_value(Value::String(v.to_string())).ok()
+    }
+    for e in env {
+        let Some(v) = e.value.as_deref() else {
+            continue;
+        };
+        match e.name.as_str() {
+            "VRAMGUARD_MICRO_BATCH_SIZE" => {
+                if let Ok(n) = v.parse() {
+                    settings.micro_batch_size = n;
+                }
+            }
+            "VRAMGUARD_GRAD_ACCUM_STEPS" => {
+                if let Ok(n) = v.parse() {
+                    settings.gradient_accumulation_steps = n;
+                }
+            }
+            "VRAMGUARD_PRECISION" => {
+                if let Some(p) = word::<Precision>(v) {
+                    settings.precision = p;
+                }
+            }
+            "VRAMGUARD_GRADIENT_CHECKPOINTING" => {
+                if let Some(c) = word::<Checkpointing>(v) {
+                    settings.gradient_checkpointing = c;
+                }
+            }
+            "VRAMGUARD_OPTIMIZER" => {
+                if let Some(o) = word::<Optimizer>(v) {
+                    settings.optimizer = o;
+                }
+            }
+            "VRAMGUARD_ZERO_STAGE" => {
+                if let Ok(n) = v.parse() {
+                    settings.zero_stage = n;
+                }
+            }
+            "VRAMGUARD_LOSS" => {
+                if let Some(l) = word::<Loss>(v) {
+                    settings.loss = l;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut job = written.clone();
+    settings.apply_to(&mut job);
+    job
+}
+
+impl Cluster {
+    /// Probe and publish one node's GpuNode with the agent's code.
+    pub async fn publish(&self, node: &str) {
+        let status = {
+            let world = lock(&self.world);
+            let Some(n) = world.nodes.get(node) else {
+                return;
+            };
+            if n.lost || !n.publishing {
+                return;
+            }
+            let assignments = world.assignments(node);
+            match n.prober.probe(&assignments, self.clock.timestamp()) {
+                Ok(s) => s,
+                Err(error) => {
+                    tracing::warn!(node, %error, "simulated probe failed");
+                    return;
+                }
+            }
+        };
+        let config = PublishConfig {
+            node_name: node.to_string(),
+            interval: Duration::from_secs_f64(self.interval),
+            ttl_seconds: self.ttl_seconds,
+            copy_taints: false,
+        };
+        match publish::publish(&self.client, &config, &status).await {
+            Ok(_) => {
+                let mut world = lock(&self.world);
+                if let Some(n) = world.nodes.get_mut(node) {
+                    n.last_publish = Some(self.clock.secs());
+                }
+            }
+            Err(error) => tracing::warn!(node, %error, "simulated publish failed"),
+        }
+    }
+
+    /// The kubelet sees a Job: start its pods, unless it ran already, is
+    /// suspended or finished.
+    pub async fn job_seen(self: &Arc<Cluster>, job: Job) {
+        let Some(uid) = job.uid() else { return };
+        let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
+        if suspended || job.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        {
+            let mut world = lock(&self.world);
+            if world.seen.insert(uid.clone(), ()).is_some() {
+                return;
+            }
+        }
+        let namespace = job.namespace().unwrap_or_default();
+        let Some(tj_name) = job.labels().get(JOB_LABEL).cloned() else {
+            return;
+        };
+        let attempt: u32 = job
+            .labels()
+            .get(ATTEMPT_LABEL)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let key = format!("{namespace}/{tj_name}");
+        let Some(&idx) = self.by_name.get(&key) else {
+            return;
+        };
+        let prepared = &self.prepared[idx];
+        let Some(written) = prepared.validated.as_ref() else {
+            return;
+        };
+        let tjs: Api<TrainingJob> = Api::namespaced(self.client.clone(), &namespace);
+        let tj = match tjs.get_opt(&tj_name).await {
+            Ok(Some(tj)) => tj,
+            _ => return,
+        };
+        let status = tj.status.clone().unwrap_or_default();
+        let job_name = job.name_any();
+        let Some(placement) = status
+            .placement
+            .clone()
+            .filter(|_| status.job_name.as_deref() == Some(job_name.as_str()))
+        else {
+            return;
+        };
+        let planned = plan_from_env(&job, written);
+        let now = self.clock.secs();
+        let reserved = placement.reserved_bytes_per_gpu;
+        let mut ranks = Vec::new();
+        let mut pods = Vec::new();
+        let mut lost_node = None;
+        {
+            let mut world = lock(&self.world);
+            for (k, d) in placement.devices.iter().enumerate() {
+                let Some(node) = world.nodes.get(&d.node) else {
+                    lost_node = Some(d.node.clone());
+                    continue;
+                };
+                if node.lost {
+                    lost_node = Some(d.node.clone());
+                }
+                let product: &'static GpuProduct = node.spec.product;
+                let need = match prepared.need(&planned, written, product) {
+                    Ok(n) => n,
+                    Err(_) => continue,
+                };
+                pods.push((format!("{namespace}/{job_name}-{k}"), d.node.clone()));
+                for g in &d.gpus {
+                    world.next_pid += 1;
+                    let pid = world.next_pid;
+                    ranks.push(Rank {
+                        node: d.node.clone(),
+                        gpu: g.index,
+                        pid,
+                        offsets: Vec::new(),
+                        need,
+                    });
+                }
+            }
+        }
+        let need = ranks.first().map(|r| r.need);
+        let record = {
+            let mut records = lock(&self.records);
+            records.runs.push(RunRecord {
+                tj: key.clone(),
+                attempt,
+                job: job_name.clone(),
+                nodes: pods.iter().map(|(_, n)| n.clone()).collect(),
+                gpus: ranks.len() as u64,
+                start: now,
+                end: None,
+                outcome: Outcome::Running,
+                need_per_gpu: need.map(|n| n.total()).unwrap_or(0),
+                estimated_per_gpu: need.map(|n| n.estimated_bytes).unwrap_or(0),
+                reserved_bytes_per_gpu: reserved,
+                oom_message: None,
+                overuse_by_others: 0,
+            });
+            records.note_run_start(&key, &job_name, now);
+            records.runs.len() - 1
+        };
+        // The pods, bound to their nodes, running.
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let mut labels = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        labels.insert("job-name".into(), job_name.clone());
+        labels.insert(JOB_LABEL.into(), tj_name.clone());
+        labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
+        let ts = self.clock.timestamp();
+        for (pod, node) in &pods {
+            let name = pod.rsplit('/').next().unwrap_or(pod).to_string();
+            let p = Pod {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(namespace.clone()),
+                    labels: Some(labels.clone()),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "batch/v1".into(),
+                        kind: "Job".into(),
+                        name: job_name.clone(),
+                        uid: uid.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(true),
+                    }]),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                    node_name: Some(node.clone()),
+                    containers: vec![k8s_openapi::api::core::v1::Container {
+                        name: "trainer".into(),
+                        image: Some("registry.example/trainer:sim".into()),
+                        ..Default::default()
+                    }],
+                    restart_policy: Some("Never".into()),
+                    ..Default::default()
+                }),
+                status: None,
+            };
+            if let Err(error) = pods_api.create(&PostParams::default(), &p).await {
+                tracing::warn!(%error, pod = %name, "simulated kubelet: creating the pod");
+                continue;
+            }
+            let status = json!({"status": {
+                "phase": "Running",
+                "startTime": time(ts),
+                "containerStatuses": [{
+                    "name": "trainer", "ready": true, "restartCount": 0,
+                    "image": "registry.example/trainer:sim", "imageID": "", "started": true,
+                    "state": {"running": {"startedAt": time(ts)}}
+                }]
+            }});
+            let _ = pods_api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await;
+        }
+        let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
+        let _ = jobs_api
+            .patch_status(
+                &job_name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"active": pods.len(), "ready": pods.len(), "startTime": time(ts)}})),
+            )
+            .await;
+        {
+            let mut world = lock(&self.world);
+            world.runs.insert(
+                uid.clone(),
+                Run {
+                    namespace: namespace.clone(),
+                    job: job_name.clone(),
+                    pods,
+                    ranks,
+                    record,
+                    task: None,
+                },
+            );
+        }
+        if let Some(node) = lost_node {
+            let message = format!("node {node} was lost; the pod could not run");
+            self.finish(&uid, Outcome::NodeLost, message).await;
+            return;
+        }
+        // The persistent state first; the peak when the step reaches it.
+        let early = self.allocate(&uid, false);
+        let cluster = self.clone();
+        let run_uid = uid.clone();
+        let duration = prepared.arrival.duration;
+        let peak_after = self.oom_after.min(duration);
+        let task = tokio::spawn(async move {
+            if let Some(message) = early {
+                cluster.clock.until(now + peak_after.min(10.0)).await;
+                cluster.finish(&uid, Outcome::Oom, message).await;
+                return;
+            }
+            cluster.clock.until(now + peak_after).await;
+            if let Some(message) = cluster.allocate(&uid, true) {
+                cluster.finish(&uid, Outcome::Oom, message).await;
+                return;
+            }
+            cluster.clock.until(now + duration).await;
+            cluster
+                .finish(&uid, Outcome::Succeeded, String::new())
+                .await;
+        });
+        let mut world = lock(&self.world);
+        if let Some(r) = world.runs.get_mut(&run_uid) {
+            r.task = Some(task.abort_handle());
+        }
+    }
+
+    /// Every rank of the run allocates its persistent state (`peak` false)
+    /// or its peak; the OOM message of the first rank that cannot.
+    fn allocate(&self, uid: &str, peak: bool) -> Option<String> {
+        let records = lock(&self.records);
+        let mut world = lock(&self.world);
+        let world = &mut *world;
+        let run = world.runs.get(uid)?;
+        let ranks = run.ranks.clone();
+        let mut updated = Vec::new();
+        let mut failure = None;
+        for mut k in ranks {
+            let Some(node) = world.nodes.get(&k.node) else {
+                continue;
+            };
+            let bytes = if peak {
+                k.need.peak_bytes
+            } else {
+                k.need.persistent_bytes
+            };
+            if bytes == 0 {
+                updated.push(k);
+                continue;
+            }
+            let mut sim = node.sim();
+            match sim.alloc(k.gpu, k.pid, bytes) {
+                Some(o) => {
+                    k.offsets.push(o);
+                    updated.push(k);
+                }
+                None => {
+                    let capacity = capacity_bytes(node.spec.product);
+                    let free = sim.allocator(k.gpu).map(|a| a.free_bytes()).unwrap_or(0);
+                    let in_use = sim.allocator(k.gpu).map(|a| a.used_by(k.pid)).unwrap_or(0);
+                    let context = sim.context_bytes(k.gpu).unwrap_or(0);
+                    drop(sim);
+                    let over = world.overuse_by_others(&k.node, k.gpu, uid, &records);
+                    failure = Some((
+                        truth::torch_oom(
+                            k.gpu,
+                            bytes,
+                            capacity,
+                            free,
+                            in_use,
+                            in_use.saturating_sub(context),
+                        ),
+                        over,
+                    ));
+                    updated.push(k);
+                    break;
+                }
+            }
+        }
+        let record = run.record;
+        if let Some(r) = world.runs.get_mut(uid) {
+            for k in updated {
+                if let Some(slot) = r.ranks.iter_mut().find(|x| x.pid == k.pid) {
+                    *slot = k;
+                }
+            }
+        }
+        drop(records);
+        let (message, over) = failure?;
+        lock(&self.records).runs[record].overuse_by_others = over;
+        Some(message)
+    }
+
+    /// The attempt ends: memory freed, pods and Job report the outcome.
+    pub async fn finish(&self, uid: &str, outcome: Outcome, message: String) {
+        let run = {
+            let mut world = lock(&self.world);
+            let Some(run) = world.runs.remove(uid) else {
+                return;
+            };
+            for k in &run.ranks {
+                if let Some(n) = world.nodes.get(&k.node) {
+                    n.sim().exit(k.gpu, k.pid, &k.offsets);
+                }
+            }
+            run
+        };
+        let now = self.clock.secs();
+        {
+            let mut records = lock(&self.records);
+            let r = &mut records.runs[run.record];
+            r.end = Some(now);
+            r.outcome = outcome;
+            if outcome == Outcome::Oom {
+                r.oom_message = Some(message.clone());
+            }
+        }
+        if outcome == Outcome::Stopped {
+            return;
+        }
+        let ts = self.clock.timestamp();
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &run.namespace);
+        let (phase, exit, reason) = match outcome {
+            Outcome::Succeeded => ("Succeeded", 0, "Completed"),
+            Outcome::NodeLost => ("Failed", 137, "ContainerStatusUnknown"),
+            _ => ("Failed", 1, "Error"),
+        };
+        for (i, (pod, _)) in run.pods.iter().enumerate() {
+            let name = pod.rsplit('/').next().unwrap_or(pod);
+            // The failing rank's pod carries the message; the others were
+            // torn down by the launcher.
+            let text = if i == 0 { message.as_str() } else { "" };
+            let status = json!({"status": {
+                "phase": phase,
+                "containerStatuses": [{
+                    "name": "trainer", "ready": false, "restartCount": 0,
+                    "image": "registry.example/trainer:sim", "imageID": "", "started": false,
+                    "state": {"terminated": {"exitCode": exit, "reason": reason, "message": text,
+                                             "finishedAt": time(ts)}}
+                }]
+            }});
+            let _ = pods_api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await;
+        }
+        let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), &run.namespace);
+        let n = run.pods.len();
+        let status = if outcome == Outcome::Succeeded {
+            json!({"status": {"active": 0, "ready": 0, "succeeded": n, "completionTime": time(ts),
+                "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": time(ts)}]}})
+        } else {
+            json!({"status": {"active": 0, "ready": 0, "failed": n,
+                "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit", "lastTransitionTime": time(ts)}]}})
+        };
+        let _ = jobs_api
+            .patch_status(&run.job, &PatchParams::default(), &Patch::Merge(&status))
+            .await;
+    }
+
+    /// A Job was deleted: its trainers stop (their pods go with it).
+    pub async fn job_deleted(&self, uid: &str) {
+        let task = lock(&self.world)
+            .runs
+            .get_mut(uid)
+            .and_then(|r| r.task.take());
+        if let Some(t) = task {
+            t.abort();
+        }
+        self.finish(uid, Outcome::Stopped, String::new()).await;
+    }
+
+    /// A node disappears: its trainers die with it, its agent stops.
+    pub async fn lose_node(&self, node: &str) {
+        let victims: Vec<String> = {
+            let mut world = lock(&self.world);
+            if let Some(n) = world.nodes.get_mut(node) {
+                n.lost = true;
+                n.publishing = false;
+            }
+            world
+                .runs
+                .iter_mut()
+                .filter(|(_, r)| r.ranks.iter().any(|k| k.node == node))
+                .map(|(uid, r)| {
+                    if let Some(t) = r.task.take() {
+                        t.abort();
+                    }
+                    uid.clone()
+                })
+                .collect()
+        };
+        for uid in victims {
+            self.finish(
+                &uid,
+                Outcome::NodeLost,
+                format!("node {node} was lost with the pod on it"),
+            )
+            .await;
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! What the simulation saw, as it happened: admissions, every TrainingJob
+//! status the operator wrote, every attempt the kubelet ran. The invariants
+//! are checked here, on the fly where a moment matters (a placement on a
+//! stale node, two holds on one GPU) and at the end otherwise.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::api::{Phase, TrainingJob};
+use crate::estimate;
+use crate::operator::fingerprint;
+use kube::ResourceExt;
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    Running,
+    Succeeded,
+    Oom,
+    NodeLost,
+    /// Its Job was deleted while it ran.
+    Stopped,
+}
+
+/// One attempt the kubelet ran.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    pub tj: String,
+    pub attempt: u32,
+    pub job: String,
+    pub nodes: Vec<String>,
+    pub gpus: u64,
+    pub start: f64,
+    pub end: Option<f64>,
+    pub outcome: Outcome,
+    /// What the trainer truly needed per GPU.
+    pub need_per_gpu: u64,
+    /// vramguard's estimate of the plan it ran, per GPU, before any learnt scale.
+    pub estimated_per_gpu: u64,
+    /// What the operator held for it per GPU.
+    pub reserved_bytes_per_gpu: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_message: Option<String>,
+    /// Bytes other attempts on its GPU held beyond their reservations when it died.
+    pub overuse_by_others: u64,
+}
+
+/// One job's history as the operator wrote it.
+#[derive(Clone, Debug, Default)]
+pub struct JobRecord {
+    pub created_at: f64,
+    pub fingerprint: String,
+    pub max_oom_retries: u32,
+    /// Seen Pending with a reason (waiting for capacity).
+    pub waited: bool,
+    /// (attempt, time, plan changes) of each placement.
+    pub placed: Vec<(u32, f64, Vec<String>)>,
+    pub phase: Option<Phase>,
+    pub message: Option<String>,
+    pub oom_retries: u32,
+    pub learned_scale: Option<f64>,
+    pub ended_at: Option<f64>,
+    /// Job names the kubelet started for it, with their start times.
+    pub started: Vec<(String, f64)>,
+}
+
+/// The webhook's answer to one submission.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRecord {
+    pub job: String,
+    pub at: f64,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// One sample of the cluster.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sample {
+    pub at: f64,
+    /// Bytes trainers hold / the GPUs' capacity (live nodes).
+    pub memory_utilisation: f64,
+    pub busy_gpus: u64,
+    pub running: u64,
+    pub pending: u64,
+}
+
+/// An invariant's verdict.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    pub holds: bool,
+    pub detail: String,
+}
+
+/// Names of the invariants (the keys of `invariants` in `-o json`).
+pub mod invariants {
+    pub const NO_OOM_UNLESS_UNDERESTIMATED: &str = "noOomUnlessTrueNeedExceedsEstimate";
+    pub const RETRIES_BOUNDED_AND_LEARNT: &str = "oomRetriesBoundedAndLearnt";
+    pub const NO_JOB_LOST_OR_DUPLICATED: &str = "noJobLostOrDuplicated";
+    pub const NO_MEMORY_RESERVED_TWICE: &str = "noMemoryReservedTwice";
+    pub const REJECTIONS_NAME_NUMBERS_AND_FIX: &str = "rejectionsNameNumbersAndAFix";
+    pub const NO_STALE_GPU_NODE_TRUSTED: &str = "noStaleGpuNodeTrusted";
+    pub const ALL: [&str; 6] = [
+        NO_OOM_UNLESS_UNDERESTIMATED,
+        RETRIES_BOUNDED_AND_LEARNT,
+        NO_JOB_LOST_OR_DUPLICATED,
+        NO_MEMORY_RESERVED_TWICE,
+        REJECTIONS_NAME_NUMBERS_AND_FIX,
+        NO_STALE_GPU_NODE_TRUSTED,
+    ];
+}
+
+/// Everything recorded.
+#[derive(Debug, Default)]
+pub struct Records {
+    pub admissions: Vec<AdmissionRecord>,
+    pub jobs: HashMap<String, JobRecord>,
+    pub runs: Vec<RunRecord>,
+    pub timeline: Vec<(f64, String)>,
+    pub samples: Vec<Sample>,
+    /// Invariant → what broke it.
+    pub violations: BTreeMap<&'static str, Vec<String>>,
+    pub operator_restarts: u32,
+    /// Holds the operator wrote, by job: (node, GPU, bytes).
+    holds: HashMap<String, Vec<(String, u32, u64)>>,
+    held: HashMap<(String, u32), u64>,
+    /// GPU capacity by node.
+    pub capacity: HashMap<String, u64>,
+    /// When each fingerprint's first OOM was learnt.
+    pub learnt_at: HashMap<String, f64>,
+    /// Placements checked for staleness.
+    pub placements_checked: u64,
+}
+
+/// `1:05:00` for scenario seconds.
+pub fn clock(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}
+
+impl Records {
+    pub fn violate(&mut self, invariant: &'static str, detail: String) {
+        let v = self.violations.entry(invariant).or_default();
+        if v.len() < 20 {
+            v.push(detail);
+        }
+    }
+
+    pub fn event(&mut self, at: f64, text: String) {
+        self.timeline.push((at, text));
+    }
+
+    pub fn note_run_start(&mut self, tj: &str, job: &str, at: f64) {
+        let r = self.jobs.entry(tj.to_string()).or_default();
+        if let Some((other, _)) = r.started.iter().find(|(j, _)| j == job) {
+            let detail = format!("{tj}: Job {other} started twice");
+            self.violate(invariants::NO_JOB_LOST_OR_DUPLICATED, detail);
+            return;
+        }
+        r.started.push((job.to_string(), at));
+        let overlapping = self
+            .runs
+            .iter()
+            .filter(|x| x.tj == tj && x.outcome == Outcome::Running && x.job != job)
+            .map(|x| x.job.clone())
+            .collect::<Vec<_>>();
+        if !overlapping.is_empty() {
+            let detail = format!(
+                "{tj}: {job} started while {} still ran",
+                overlapping.join(", ")
+            );
+            self.violate(invariants::NO_JOB_LOST_OR_DUPLICATED, detail);
+        }
+    }
+
+    /// A TrainingJob as the operator just wrote it, seen at `now`;
+    /// `last_publish` tells when each node's agent last published.
+    pub fn observe(
+        &mut self,
+        tj: &TrainingJob,
+        now: f64,
+        last_publish: &dyn Fn(&str) -> Option<f64>,
+        ttl: f64,
+    ) {
+        let key = format!("{}/{}", tj.namespace().unwrap_or_default(), tj.name_any());
+        let status = tj.status.clone().unwrap_or_default();
+        let entry = self.jobs.entry(key.clone()).or_default();
+        if entry.fingerprint.is_empty() {
+            entry.fingerprint = fingerprint::fingerprint(&tj.spec);
+            entry.max_oom_retries = tj.spec.fit_policy.max_oom_retries;
+        }
+        let previous_phase = entry.phase;
+        entry.phase = status.phase;
+        entry.message = status.message.clone();
+        if status.phase == Some(Phase::Pending) && status.message.is_some() {
+            entry.waited = true;
+        }
+        let mut events = Vec::new();
+        if status.oom_retries > entry.oom_retries {
+            let scale = status.learned.as_ref().map(|l| l.scale);
+            entry.learned_scale = scale;
+            let learnt = status
+                .last_oom
+                .as_ref()
+                .map(|o| {
+                    format!(
+                        "estimated {} GiB per GPU, needed at least {} GiB",
+                        estimate::gib(o.estimated_bytes),
+                        o.observed_bytes
+                            .map(estimate::gib)
+                            .unwrap_or_else(|| "?".into())
+                    )
+                })
+                .unwrap_or_default();
+            events.push(format!(
+                "{key}: attempt {} ran out of GPU memory ({learnt}); learnt ×{:.2}{}",
+                status.oom_retries - 1,
+                scale.unwrap_or(1.0),
+                if status.phase == Some(Phase::Failed) {
+                    ", no retries left"
+                } else {
+                    ", retrying"
+                }
+            ));
+            entry.oom_retries = status.oom_retries;
+            let fp = entry.fingerprint.clone();
+            self.learnt_at.entry(fp).or_insert(now);
+        }
+        let entry = self.jobs.get_mut(&key).expect("inserted above");
+        if matches!(
+            status.phase,
+            Some(Phase::Succeeded | Phase::Failed | Phase::Rejected)
+        ) && entry.ended_at.is_none()
+        {
+            entry.ended_at = Some(now);
+            if status.phase != Some(Phase::Succeeded) {
+                events.push(format!(
+                    "{key}: {} — {}",
+                    match status.phase {
+                        Some(Phase::Failed) => "failed",
+                        _ => "rejected by the operator",
+                    },
+                    status.message.clone().unwrap_or_default()
+                ));
+            }
+        }
+        // A new placement: check the nodes were fresh and the GPUs not held twice.
+        let placed_now = matches!(status.phase, Some(Phase::Admitted | Phase::Running))
+            && status.placement.is_some();
+        let attempt = status.oom_retries;
+        let new_placement = placed_now
+            && !entry.placed.iter().any(|(a, _, _)| *a == attempt)
+            && previous_phase != Some(Phase::Running);
+        let mut stale = Vec::new();
+        if new_placement {
+            let changes = status
+                .plan
+                .as_ref()
+                .map(|p| p.changes.clone())
+                .unwrap_or_default();
+            entry.placed.push((attempt, now, changes));
+            if let Some(p) = &status.placement {
+                for d in &p.devices {
+                    match last_publish(&d.node) {
+                        Some(t) if now - t <= ttl => {}
+                        Some(t) => stale.push(format!(
+                            "{key} placed on {} at {} whose agent last published at {}",
+                            d.node,
+                            clock(now),
+                            clock(t)
+                        )),
+                        None => stale.push(format!(
+                            "{key} placed on {} at {}, which never published",
+                            d.node,
+                            clock(now)
+                        )),
+                    }
+                }
+            }
+            self.placements_checked += 1;
+        }
+        for s in stale {
+            self.violate(invariants::NO_STALE_GPU_NODE_TRUSTED, s);
+        }
+        let holds: Vec<(String, u32, u64)> = if placed_now {
+            status
+                .placement
+                .as_ref()
+                .map(|p| {
+                    p.devices
+                        .iter()
+                        .flat_map(|d| {
+                            d.gpus
+                                .iter()
+                                .map(|g| (d.node.clone(), g.index, p.reserved_bytes_per_gpu))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        self.set_holds(&key, holds, now);
+        for e in events {
+            self.event(now, e);
+        }
+    }
+
+    /// Replace a job's holds; a GPU held beyond its capacity is a violation.
+    fn set_holds(&mut self, key: &str, holds: Vec<(String, u32, u64)>, now: f64) {
+        if let Some(old) = self.holds.remove(key) {
+            for (n, g, b) in old {
+                if let Some(h) = self.held.get_mut(&(n, g)) {
+                    *h = h.saturating_sub(b);
+                }
+            }
+        }
+        let mut over = Vec::new();
+        for (n, g, b) in &holds {
+            let h = self.held.entry((n.clone(), *g)).or_default();
+            *h = h.saturating_add(*b);
+            let cap = self.capacity.get(n).copied().unwrap_or(u64::MAX);
+            if *h > cap {
+                over.push(format!(
+                    "at {} GPU {g} of {n} is held {} GiB by admitted jobs ({key} the last), more than its {} GiB",
+                    clock(now),
+                    estimate::gib(*h),
+                    estimate::gib(cap)
+                ));
+            }
+        }
+        if !holds.is_empty() {
+            self.holds.insert(key.to_string(), holds);
+        }
+        for o in over {
+            self.violate(invariants::NO_MEMORY_RESERVED_TWICE, o);
+        }
+    }
+}
+
+/// True when a capacity denial states bytes and a way out.
+pub fn names_numbers_and_fix(message: &str) -> bool {
+    let numbers = ["GiB", "MiB", "bytes"].iter().any(|u| {
+        message.match_indices(u).any(|(i, _)| {
+            message[..i]
+                .trim_end()
+                .chars()
+                .last()
+                .is_some_and(|c| c.is_ascii_digit())
+        })
+    });
+    let fix = [
+        "allow ",
+        "it would",
+        "would fit",
+        "needs a GPU with",
+        "spread it over",
+        "→",
+    ]
+    .iter()
+    .any(|f| message.contains(f));
+    numbers && fix
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denial_needs_bytes_and_a_fix() {
+        assert!(names_numbers_and_fix(
+            "needs 91.2 GiB per GPU; with allow gradientCheckpointing it would: micro-batch 8 → 2"
+        ));
+        assert!(!names_numbers_and_fix(
+            "does not fit; allow gradientCheckpointing"
+        ));
+        assert!(!names_numbers_and_fix("needs 91.2 GiB per GPU"));
+    }
+}

@@ -1,0 +1,155 @@
+//! `vramguard simulate`: the webhook, operator and agents together on
+//! simulated nodes and trainers, with faults, and the invariants checked
+//! over the whole run; the shipped scenarios parse.
+
+use std::path::Path;
+use std::process::Command;
+
+use vramguard::simulate::{self, record::invariants, scenario};
+
+fn repo(p: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+/// Two small nodes, jobs that fit, one that must shrink, one that cannot fit
+/// (denied), one whose true need is 40 % over the estimate (OOM, learn,
+/// retry; the next of its shape fits), a burst, an operator restart, an agent
+/// that stops and a node that is lost.
+const SCENARIO: &str = "
+name: faults
+seed: 3
+duration: 12h
+agents: {interval: 30s, ttl: 120s}
+truth: {spread: [0.9, 1.0], oomAfter: 2m}
+nodes:
+  - {name: h100, product: h100-80gb, gpus: 4}
+  - {name: a100, product: a100-40gb, gpus: 4, count: 2}
+jobs:
+  - name: lora
+    count: 12
+    every: 15m
+    duration: 1h
+    spec:
+      model: {preset: llama-3.1-8b}
+      training: {mode: lora, microBatchSize: 4, globalBatchSize: 32, sequenceLength: 4096,
+                 precision: bf16, gradientCheckpointing: full}
+      parallelism: {gpus: 1}
+      fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
+  - name: too-big
+    at: 20m
+    duration: 1h
+    spec:
+      model: {preset: qwen2.5-7b}
+      training: {mode: full, microBatchSize: 1, sequenceLength: 2048, gradientCheckpointing: full}
+      parallelism: {gpus: 1}
+      fitPolicy: {mode: Reject}
+  - name: under
+    at: 30m
+    count: 3
+    every: 2h
+    duration: 40m
+    factor: 1.4
+    spec:
+      model: {custom: {parameters: 1.3e9, activationBytesPerSample: 6.0e9}}
+      training: {mode: full, microBatchSize: 8}
+      parallelism: {gpus: 1}
+      fitPolicy: {mode: Adjust, allow: [microBatchSize], maxOomRetries: 3}
+faults:
+  - {at: 45m, burst: {job: lora, count: 20}}
+  - {at: 70m, operatorRestart: {down: 2m}}
+  - {at: 2h, agentStops: {node: a100-0}}
+  - {at: 3h, nodeLost: {node: a100-1}}
+";
+
+#[test]
+fn everything_together_with_faults_and_every_invariant_holds() {
+    let s = scenario::parse(SCENARIO).expect("scenario");
+    let report = simulate::run(&s).expect("simulation");
+    let text = report.text(200);
+    println!("{text}");
+    for name in invariants::ALL {
+        let v = &report.invariants[name];
+        assert!(v.holds, "{name}: {}\n{text}", v.detail);
+    }
+    let sum = &report.summary;
+    assert_eq!(sum.submitted, 12 + 1 + 3 + 20);
+    assert_eq!(sum.rejected_at_admission, 1, "{text}");
+    assert!(report.rejections[0].message.contains("GiB"), "{text}");
+    assert!(sum.oomed >= 1 && sum.retried_after_oom >= 1, "{text}");
+    assert!(sum.admitted_after_shrinking >= 1, "{text}");
+    assert!(sum.waited >= 1, "{text}");
+    assert_eq!(sum.operator_restarts, 1);
+    // Every admitted job ends somewhere: run, failed with a reason, or rejected.
+    assert_eq!(
+        sum.succeeded + sum.failed + sum.rejected_by_operator + sum.never_ran + sum.running_at_end,
+        sum.submitted - sum.rejected_at_admission,
+        "{text}"
+    );
+    // Vramguard off: the job that cannot fit and the underestimated ones OOM.
+    assert!(report.baseline.oomed > sum.oomed, "{text}");
+    assert!(
+        report.baseline.gpu_hours_lost_to_oom > sum.gpu_hours_lost_to_oom,
+        "{text}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    for key in ["summary", "invariants", "baseline"] {
+        assert!(json[key].is_object(), "{key}");
+    }
+    assert_eq!(
+        json["invariants"][invariants::NO_STALE_GPU_NODE_TRUSTED]["holds"],
+        true
+    );
+}
+
+#[test]
+fn the_shipped_scenarios_parse() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(repo("examples/scenarios")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let s = scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!s.arrivals.is_empty());
+        n += 1;
+    }
+    assert!(n >= 4, "mixed day, fragmented, burst, chaos");
+}
+
+#[test]
+fn the_cli_runs_a_scenario_and_reports_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramguard"))
+        .args(["simulate", "-f"])
+        .arg(repo("examples/scenarios/burst.yaml"))
+        .args(["-o", "json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["summary"]["submitted"].as_u64().unwrap() >= 500);
+    assert!(v["baseline"]["submitted"].as_u64().unwrap() >= 500);
+    for name in invariants::ALL {
+        assert_eq!(v["invariants"][name]["holds"], true, "{name}");
+    }
+    // Bad input names the field.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramguard"))
+        .args(["simulate", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(b"nodes: []\njobs: []\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nodes: give at least one node"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
