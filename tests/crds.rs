@@ -170,7 +170,7 @@ fn enums_list_the_allowed_values() {
         ),
         (
             "spec.training.gradientCheckpointing",
-            &["none", "selective", "full"],
+            &["none", "selective", "op-selective", "full"],
         ),
         ("spec.training.attention", &["eager", "sdpa", "flash"]),
         (

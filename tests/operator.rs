@@ -312,7 +312,7 @@ async fn admits_creates_the_job_and_follows_it_to_success() {
 
 /// Jobs that need most of an 80 GB GPU, written to run as they are.
 fn big(name: &str) -> TrainingJob {
-    training_job(name, &lora_8b(1, "full", "{mode: Reject}"))
+    training_job(name, &lora_8b(2, "full", "{mode: Reject}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -637,7 +637,7 @@ mod tests {
     use super::*;
 
     const SMALL: &str = "
-nodes: [{name: n, product: h100-80gb, gpus: 2}]
+nodes: [{name: n1, product: h100-80gb, gpus: 2}]
 jobs:
   - name: j
     count: 3
@@ -646,7 +646,7 @@ jobs:
     spec: {model: {preset: gpt2}}
 faults:
   - {at: 5m, burst: {job: j, count: 2}}
-  - {at: 1h, nodeLost: {node: n}}
+  - {at: 1h, nodeLost: {node: n1}}
 ";
 
     #[test]
@@ -658,7 +658,7 @@ faults:
         assert_eq!(s.arrivals[1].job.metadata.name.as_deref(), Some("j-b0-0"));
         assert_eq!(
             s.faults,
-            vec![(3600.0, Fault::NodeLost { node: "n".into() })]
+            vec![(3600.0, Fault::NodeLost { node: "n1".into() })]
         );
         assert_eq!(s.horizon, 7.0 * 86_400.0);
     }
@@ -667,7 +667,7 @@ faults:
     fn errors_name_the_field() {
         let e = parse(&SMALL.replace("duration: 1h", "duration: 1y")).unwrap_err();
         assert!(e.to_string().starts_with("jobs[0].duration: "), "{e}");
-        let e = parse(&SMALL.replace("node: n}", "node: m}")).unwrap_err();
+        let e = parse(&SMALL.replace("node: n1}", "node: m}")).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("faults[1].nodeLost.node: no node"),
