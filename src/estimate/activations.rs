@@ -166,7 +166,7 @@ fn lora_branch(c: &ActContext, groups: &[(&[&str], f64)]) -> f64 {
                 1.0
             };
             total += copies * (c.elem + 1.0) * width;
-        } else if !(linear_saves_input(c) && !c.quantized) {
+        } else if !linear_saves_input(c) || c.quantized {
             total += c.elem * width;
         }
         total += targeted * c.elem * c.lora_rank;
