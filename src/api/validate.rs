@@ -130,6 +130,11 @@ pub const LORA_TARGETS: &[&str] = &[
     "lm_head",
 ];
 
+/// The projections inside a transformer block (the LoRA targets but the head).
+pub fn block_projections() -> &'static [&'static str] {
+    &LORA_TARGETS[..LORA_TARGETS.len() - 1]
+}
+
 struct Errors(Vec<FieldError>);
 
 impl Errors {
@@ -668,16 +673,19 @@ fn validate_peft(errs: &mut Errors, t: &crate::api::TrainingSpec, transformer: b
         if targets.is_empty() {
             errs.push(
                 &format!("{path}.targetModules"),
-                format!("must name at least one of {}", LORA_TARGETS[..7].join(", ")),
+                format!(
+                    "must name at least one of {}",
+                    block_projections().join(", ")
+                ),
             );
         }
         for (i, m) in targets.iter().enumerate() {
-            if !LORA_TARGETS[..7].contains(&m.as_str()) {
+            if !block_projections().contains(&m.as_str()) {
                 errs.push(
                     &format!("{path}.targetModules[{i}]"),
                     format!(
                         "unknown module {m:?}; known: {}",
-                        LORA_TARGETS[..7].join(", ")
+                        block_projections().join(", ")
                     ),
                 );
             }

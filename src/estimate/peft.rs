@@ -38,6 +38,14 @@ pub enum Peft {
     Galore { rank: u64 },
 }
 
+/// LLaMA-Adapter's trainable prompt: 10 prefix vectors per adapted block.
+const ADAPTER_PREFIX_LENGTH: f64 = 10.0;
+
+/// Trainable parameters of one LLaMA-Adapter block: its prefix and a gate per head.
+pub fn llama_adapter_block_parameters(a: &Arch) -> f64 {
+    ADAPTER_PREFIX_LENGTH * a.hidden as f64 + a.heads as f64
+}
+
 fn owned(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -121,25 +129,11 @@ impl Peft {
             Peft::None | Peft::Lora { .. } | Peft::Galore { .. } => 0.0,
             Peft::LlamaAdapter { layers } => {
                 let blocks = layers.map(|n| n as f64).unwrap_or(l).min(l);
-                blocks * (10.0 * h + a.heads as f64)
+                blocks * llama_adapter_block_parameters(a)
             }
-            // One vector per targeted module, as wide as what it scales.
-            Peft::Ia3 { targets } => {
-                l * targets
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "down_proj" => a.intermediate as f64,
-                        other => module_out(a, other),
-                    })
-                    .sum::<f64>()
-            }
-            // lambda_d (rank) and lambda_b (output width) per module.
-            Peft::Vera { rank, targets } => {
-                l * targets
-                    .iter()
-                    .map(|t| *rank as f64 + module_out(a, t))
-                    .sum::<f64>()
-            }
+            // IA3: one vector per targeted module, as wide as what it scales;
+            // VeRA: lambda_d (rank) and lambda_b (output width) per module.
+            Peft::Ia3 { .. } | Peft::Vera { .. } => l * self.scale_widths(a),
             Peft::PromptTuning { tokens } => *tokens as f64 * h,
             // A key and a value per virtual token in every block.
             Peft::PrefixTuning { tokens } => l * *tokens as f64 * 2.0 * kv,
@@ -152,27 +146,14 @@ impl Peft {
     /// model's own, at `elem` bytes per element.
     pub fn block_bytes_per_token(&self, a: &Arch, elem: f64, lora_targets: &[String]) -> f64 {
         match self {
-            // `result * ia3_scaling` keeps the k/v projection's output for the
-            // vector's gradient; the feed-forward form `x * ia3_scaling`
-            // keeps down_proj's input (peft/tuners/ia3/layer.py, `Linear.forward`).
-            Peft::Ia3 { targets } => {
-                elem * targets
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "down_proj" => a.intermediate as f64,
-                        other => module_out(a, other),
-                    })
-                    .sum::<f64>()
-            }
-            // `lambda_b * linear(lambda_d * linear(x, A), B)`: each scale keeps
-            // the other operand, r wide and out wide; the frozen A and B keep
-            // nothing (peft/tuners/vera/layer.py, `Linear.forward`).
-            Peft::Vera { rank, targets } => {
-                elem * targets
-                    .iter()
-                    .map(|t| *rank as f64 + module_out(a, t))
-                    .sum::<f64>()
-            }
+            // Each trained scale keeps the tensor it multiplies, as wide as
+            // the scale: IA3's `result * ia3_scaling` keeps the k/v
+            // projection's output and `x * ia3_scaling` down_proj's input
+            // (peft/tuners/ia3/layer.py, `Linear.forward`); VeRA's
+            // `lambda_b * linear(lambda_d * linear(x, A), B)` keeps an r-wide
+            // and an out-wide operand, the frozen A and B nothing
+            // (peft/tuners/vera/layer.py, `Linear.forward`).
+            Peft::Ia3 { .. } | Peft::Vera { .. } => elem * self.scale_widths(a),
             // DoRA scales the base output and the LoRA output by the trained
             // magnitude over the (detached) weight norm: both products keep
             // an output-wide operand per targeted module
@@ -185,6 +166,25 @@ impl Peft {
                         .map(|t| module_out(a, t))
                         .sum::<f64>()
             }
+            _ => 0.0,
+        }
+    }
+
+    /// Elements of the trained scaling vectors of one block (IA3, VeRA): as
+    /// many as the tensors they multiply are wide.
+    fn scale_widths(&self, a: &Arch) -> f64 {
+        match self {
+            Peft::Ia3 { targets } => targets
+                .iter()
+                .map(|t| match t.as_str() {
+                    "down_proj" => a.intermediate as f64,
+                    other => module_out(a, other),
+                })
+                .sum(),
+            Peft::Vera { rank, targets } => targets
+                .iter()
+                .map(|t| *rank as f64 + module_out(a, t))
+                .sum(),
             _ => 0.0,
         }
     }
@@ -217,7 +217,7 @@ impl Peft {
         let r = *rank as f64;
         let mut projected = 0.0;
         let mut params = 0.0;
-        for m in BLOCK_MODULES {
+        for m in crate::api::validate::block_projections() {
             if a.mlp == Mlp::Standard && *m == "gate_proj" {
                 continue;
             }
@@ -229,16 +229,6 @@ impl Peft {
         Some((projected, params))
     }
 }
-
-const BLOCK_MODULES: &[&str] = &[
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
 
 /// (input, output) width of a named projection.
 pub fn module_shape(a: &Arch, name: &str) -> (f64, f64) {

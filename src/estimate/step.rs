@@ -132,18 +132,13 @@ fn loss_chunk_tokens(chunking: LossChunking, s: f64) -> f64 {
     }
 }
 
-/// LLaMA-Adapter's trainable prompt: 10 prefix vectors and a gate per block.
-const ADAPTER_PREFIX_LENGTH: f64 = 10.0;
 /// An adapter with this many times the prefix's parameters trains more than
 /// the prefix: the only other parameters an adapter trains are norm weights
 /// and per-linear scales and biases (LLaMA-Adapter v2), whose gradients need
 /// the normalised inputs and the linear outputs.
 const ADAPTER_V2_RATIO: f64 = 1.5;
 
-/// Trainable parameters of one adapted block: its prefix and a gate per head.
-fn prefix_adapter_block_parameters(a: &Arch) -> f64 {
-    ADAPTER_PREFIX_LENGTH * a.hidden as f64 + a.heads as f64
-}
+use super::peft::llama_adapter_block_parameters as prefix_adapter_block_parameters;
 
 fn prefix_adapter_parameters(a: &Arch) -> f64 {
     a.layers as f64 * prefix_adapter_block_parameters(a)
