@@ -46,6 +46,10 @@ struct Row {
     /// Trains over 4-bit (nf4) base weights.
     nf4_training: bool,
     error: f64,
+    /// The measured value lies in [lower, upper] of the estimate.
+    inside: bool,
+    /// upper / measured - 1.
+    upper_over: f64,
 }
 
 /// Rows grouped by `key`, in key order.
@@ -169,12 +173,23 @@ fn run_rows(dir: &Path) -> (Vec<Row>, usize, usize) {
             _ => est.per_gpu_bytes,
         } as f64;
         let error = predicted / measured - 1.0;
+        let pick = |b: &vramguard::api::EstimateBounds| match exp.metric_kind.as_str() {
+            "allocated" => b.peak_allocated_bytes,
+            "reserved" => b.peak_reserved_bytes,
+            _ => b.per_gpu_bytes,
+        } as f64;
+        let lower = est.lower.as_ref().map_or(predicted, pick);
+        let upper = est.upper.as_ref().map_or(predicted, pick);
+        let inside = lower <= measured && measured <= upper;
         println!(
-            "{id:<52} {:>9} measured {:>6.2} GB estimate {:>6.2} GB error {:>+6.1}% [{}]",
+            "{id:<52} {:>9} measured {:>6.2} GB estimate {:>6.2} GB ({:>6.2} – {:>6.2}) error {:>+6.1}% {} [{}]",
             exp.metric_kind,
             measured / 1e9,
             predicted / 1e9,
+            lower / 1e9,
+            upper / 1e9,
             error * 100.0,
+            if inside { "in" } else { "OUT" },
             exp.confidence
         );
         let task = task_of(&text);
@@ -190,6 +205,8 @@ fn run_rows(dir: &Path) -> (Vec<Row>, usize, usize) {
                 .unwrap_or("unknown")
                 .to_string(),
             error,
+            inside,
+            upper_over: upper / measured - 1.0,
         });
     }
     (rows, oom_caught, oom_total)
@@ -237,6 +254,29 @@ fn calibration_rows_are_reproduced() {
         );
     }
     println!("OOM rows caught: {oom_caught}/{oom_total}");
+    // The range: measured inside [lower, upper] on every row with a
+    // measurement (low-confidence rows included), and how far above the
+    // measurement the upper end sits.
+    let coverage = |rows: &[&Row]| {
+        let inside = rows.iter().filter(|r| r.inside).count();
+        let over = median(rows.iter().map(|r| r.upper_over).collect());
+        (inside, rows.len(), over)
+    };
+    let (all_inside, all_n, all_over) = coverage(&all);
+    println!(
+        "range, all rows: measured inside [lower, upper] on {all_inside}/{all_n} ({:.1}%), median upper {:+.1}% over measured",
+        all_inside as f64 / all_n.max(1) as f64 * 100.0,
+        all_over * 100.0
+    );
+    let (inside, n, over) = coverage(&asserted);
+    println!(
+        "range, asserted rows: measured inside [lower, upper] on {inside}/{n} ({:.1}%), median upper {:+.1}% over measured",
+        inside as f64 / n.max(1) as f64 * 100.0,
+        over * 100.0
+    );
+    for r in all.iter().filter(|r| !r.inside) {
+        println!("  outside the range: {} ({:+.1}%) [{}]", r.id, r.error * 100.0, r.confidence);
+    }
     let worst = asserted
         .iter()
         .min_by(|a, b| a.error.partial_cmp(&b.error).unwrap())
@@ -277,4 +317,13 @@ fn calibration_rows_are_reproduced() {
         fa.under5 * 100.0
     );
     assert!(oom_caught >= 6, "OOM rows caught {oom_caught}/{oom_total}");
+    assert!(
+        inside as f64 >= 0.95 * n as f64,
+        "range covers {inside}/{n} rows, below 95 %"
+    );
+    assert!(
+        over <= 0.20,
+        "median upper end {:.1}% above measured",
+        over * 100.0
+    );
 }

@@ -58,6 +58,11 @@ TOLERANCE = {
 # honest share: a peak within 6 % is what the calibration rows hold the estimator to
 # against GPU runs (median 2 %, p90 7 %).
 TOTAL_TOLERANCE = 0.06
+# The range holds: the measured peak lies in [lower, upper] on at least this share of the
+# rows (known-divergent ones included), and the upper end sits at most this far above the
+# measured peak at the median.
+RANGE_COVERAGE = 0.95
+RANGE_MEDIAN_OVER = 0.20
 
 # Configurations whose mechanism the estimator does not model, or gets wrong, reported but
 # not gated: (what, a pattern over `<id>@<estimator's peak phase>/<reference's>`, the reason). The
@@ -173,13 +178,19 @@ def compare(rid, row, est):
             misses.append(f"{c} {est_b / MiB:.0f} MiB estimated vs {ref_b / MiB:.0f} MiB "
                           f"measured (bound ±{bound / MiB:.0f})")
     total_err = est_total / row["measured_bytes"] - 1
+    # The range, on the same footing (the reference sees no workspace at either end).
+    lower = e.get("lower", {}).get("peakAllocatedBytes", e["peakAllocatedBytes"]) - br.get("workspaces", 0)
+    upper = e.get("upper", {}).get("peakAllocatedBytes", e["peakAllocatedBytes"]) - br.get("workspaces", 0)
+    inside = lower <= row["measured_bytes"] <= upper
     if abs(total_err) > TOTAL_TOLERANCE:
         misses.append(f"peak {est_total / MiB:.0f} MiB estimated vs "
                       f"{row['measured_bytes'] / MiB:.0f} MiB measured ({total_err:+.1%})")
     return dict(rid=rid, family=family(rid), recipe=recipe(rid), total_err=total_err,
                 est_phase=peak_phase, ref_phase=row["peak_phase"], phase=phase,
                 ref_phase_peak=ref["peak_bytes"], comps=comps, misses=misses,
-                phase_totals=phase_totals,
+                phase_totals=phase_totals, inside=inside,
+                upper_over=upper / row["measured_bytes"] - 1,
+                lower_under=lower / row["measured_bytes"] - 1,
                 divergent=known_divergent(rid, peak_phase, row["peak_phase"]))
 
 
@@ -258,7 +269,19 @@ def main():
               f"{r['ref_phase']}): " + "; ".join(r["misses"]))
     print(f"\nreference: {len(gated) - len(failed)} passed, {len(failed)} failed, "
           f"{len(results) - len(gated)} skipped")
-    if args.check and failed:
+    # Every row, gated or not: is the measured peak inside the estimate's range?
+    inside = [r for r in results if r["inside"]]
+    share = len(inside) / len(results)
+    over = statistics.median(r["upper_over"] for r in results)
+    print(f"\n## range: measured inside [lower, upper] on {len(inside)}/{len(results)} rows "
+          f"({share:.1%}), median upper {over:+.1%} over measured, median lower "
+          f"{statistics.median(r['lower_under'] for r in results):+.1%}")
+    for r in results:
+        if not r["inside"]:
+            print(f"- outside: {r['rid']} (lower {r['lower_under']:+.1%}, upper "
+                  f"{r['upper_over']:+.1%}, estimator peak at {r['est_phase']})")
+    range_failed = share < RANGE_COVERAGE or over > RANGE_MEDIAN_OVER
+    if args.check and (failed or range_failed):
         sys.exit(1)
 
 

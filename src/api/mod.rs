@@ -4,12 +4,14 @@
 pub mod gpu_node;
 pub mod memory_profile;
 pub mod parse;
+pub mod runtime;
 mod schema;
 pub mod training_job;
 pub mod validate;
 
 pub use gpu_node::*;
 pub use memory_profile::*;
+pub use runtime::{AllocatorConf, Batching, RuntimeFacts, RuntimeSpec};
 pub use training_job::*;
 pub use validate::{
     FieldError, PRESET_HINT_ANNOTATION, ResolvedModel, ValidatedJob, ValidationErrors, validate,

@@ -288,6 +288,15 @@ pub struct TrainingSpec {
     /// The parameter-efficient method of mode `adapter` (and GaLore under mode `full`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peft: Option<PeftSpec>,
+    /// The PyTorch, CUDA and Transformers releases the job runs with
+    /// (optional; read from the trainer image's tag where it says). They
+    /// narrow the estimate's range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<crate::api::RuntimeSpec>,
+    /// packed | padded | variable: how batches are shaped. Absent: unknown,
+    /// and the range covers variable-length batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batching: Option<crate::api::Batching>,
 }
 
 impl Default for TrainingSpec {
@@ -314,6 +323,8 @@ impl Default for TrainingSpec {
             optimizer_implementation: None,
             checkpoint_every: None,
             peft: None,
+            runtime: None,
+            batching: None,
         }
     }
 }
@@ -846,6 +857,15 @@ pub struct EstimateStatus {
     /// stack and what it decides): fit, shrinking and placement use it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upper: Option<EstimateBounds>,
+    /// The low end: every mechanism the estimator cannot pin at its low
+    /// value, under the least costly behaviour the spec leaves open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower: Option<EstimateBounds>,
+    /// How far each mechanism's low and high ends alone move `perGpuBytes`
+    /// from the point, widest first (`stackBehaviour`: the trainer stacks
+    /// the spec leaves open).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread: Vec<RangeSpread>,
 }
 
 impl EstimateStatus {
@@ -864,7 +884,21 @@ impl EstimateStatus {
     }
 }
 
-/// The three totals of an estimate, for the upper end of its interval.
+/// One mechanism's share of the estimate's range.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RangeSpread {
+    /// cudaContext, ncclBuffers, allocatorFragmentation, cudnnWorkspace,
+    /// logitsCopies, backwardTemporaries, quantizedInput, unmodelledSaved,
+    /// pagedResidency or stackBehaviour.
+    pub mechanism: String,
+    /// Per-GPU bytes below the point at the mechanism's low end.
+    pub below_bytes: u64,
+    /// Per-GPU bytes above the point at the mechanism's high end.
+    pub above_bytes: u64,
+}
+
+/// The three totals of an estimate, for either end of its interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EstimateBounds {

@@ -116,6 +116,10 @@ pub struct ValidatedJob {
     /// The limit the framework's allocator puts on itself (from `framework`
     /// and the trainer's environment).
     pub allocator: FrameworkAllocator,
+    /// The releases the job runs with, as far as known (spec, then image tag).
+    pub runtime: crate::api::RuntimeFacts,
+    /// The caching allocator's settings from the trainer's environment.
+    pub allocator_conf: crate::api::AllocatorConf,
 }
 
 /// LoRA projections we know how to size.
@@ -562,6 +566,16 @@ fn validate_hinted(
         }
     };
 
+    let (runtime, allocator_conf) = match crate::api::runtime::runtime_of(spec) {
+        Ok(found) => found,
+        Err(found) => {
+            for (path, reason) in found {
+                errs.push(&path, reason);
+            }
+            Default::default()
+        }
+    };
+
     if !errs.0.is_empty() {
         return Err(ValidationErrors(errs.0));
     }
@@ -579,6 +593,8 @@ fn validate_hinted(
         gpus_per_node,
         gradient_accumulation_steps,
         allocator,
+        runtime,
+        allocator_conf,
     })
 }
 

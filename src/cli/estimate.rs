@@ -232,18 +232,29 @@ pub fn report(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let interval = est.status.upper.filter(|u| {
-        u.per_gpu_bytes > est.status.per_gpu_bytes
-            || u.peak_allocated_bytes > est.status.peak_allocated_bytes
-    });
-    let interval = interval.map(|u| {
-        let open = match job.spec.training.stack {
-            None => "spec.training.stack is not set: the low end is a plain PyTorch loop, the high end the costliest trainer stack's behaviour".to_string(),
-            Some(_) => "the stack's releases differ in a default that sets memory".to_string(),
-        };
+    let interval = est.status.upper.map(|u| {
+        let lower = est.status.lower.map_or(est.status.per_gpu_bytes, |l| l.per_gpu_bytes);
+        let widest = est.status.spread.first().map(|w| {
+            let narrowed = crate::estimate::bounds::Mechanism::ALL
+                .iter()
+                .find(|m| m.name() == w.mechanism)
+                .map(|m| m.narrowed_by())
+                .unwrap_or(match job.spec.training.stack {
+                    None => "training.stack, globalBatchSize, optimizerImplementation, parallelism.fsdpVersion",
+                    Some(_) => "globalBatchSize, optimizerImplementation, parallelism.fsdpVersion",
+                });
+            format!(
+                "; widest: {} (-{:.2} / +{:.2} GiB; narrowed by {narrowed})",
+                w.mechanism,
+                w.below_bytes as f64 / estimate::GIB,
+                w.above_bytes as f64 / estimate::GIB
+            )
+        });
         format!(
-            "range up to {:.2} GiB per GPU: {open}; fit, shrinking and placement use the high end (set training.stack, globalBatchSize, optimizerImplementation or parallelism.fsdpVersion to narrow it)",
-            u.per_gpu_bytes as f64 / estimate::GIB
+            "range {:.2} – {:.2} GiB per GPU{}; fit, shrinking and placement use the high end",
+            lower as f64 / estimate::GIB,
+            u.per_gpu_bytes.max(est.status.per_gpu_bytes) as f64 / estimate::GIB,
+            widest.unwrap_or_default()
         )
     });
     let plan = chosen_plan(job, targets, &verdicts);

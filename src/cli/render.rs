@@ -24,30 +24,38 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
         }
         let e = &r.estimate;
         let u = e.upper.unwrap_or_default();
+        let l = e.lower.unwrap_or_default();
         let totals = [
             (
                 "peak allocated",
                 e.peak_allocated_bytes,
+                l.peak_allocated_bytes,
                 u.peak_allocated_bytes,
                 "torch.cuda.max_memory_allocated",
             ),
             (
                 "peak reserved",
                 e.peak_reserved_bytes,
+                l.peak_reserved_bytes,
                 u.peak_reserved_bytes,
                 "torch.cuda.max_memory_reserved",
             ),
             (
                 "per GPU",
                 e.per_gpu_bytes,
+                l.per_gpu_bytes,
                 u.per_gpu_bytes,
                 "nvidia-smi, per GPU",
             ),
         ];
-        for (name, point, upper, what) in totals {
-            // The upper end over the behaviours the spec leaves open.
-            let range = if upper > point {
-                format!(" – {:.2}", upper as f64 / GIB)
+        for (name, point, lower, upper, what) in totals {
+            // The range: what the estimator does not know, mechanism by mechanism.
+            let range = if upper > point || (lower < point && e.lower.is_some()) {
+                format!(
+                    " ({:.2} – {:.2})",
+                    lower.min(point) as f64 / GIB,
+                    upper.max(point) as f64 / GIB
+                )
             } else {
                 String::new()
             };

@@ -22,6 +22,8 @@ pub struct ActContext<'a> {
     /// A quantized linear keeps `QUANTIZED_INPUT_BYTES` per input element
     /// (bitsandbytes); torchao's NF4 linear keeps only its weight.
     pub quantized_input_saved: bool,
+    /// Bytes per input element such a linear keeps (`bounds::quantized_input_bytes`).
+    pub quantized_input_bytes: f64,
     /// A frozen 16-bit linear saves its input (the stack's profile says).
     pub frozen_linear_saves_input: bool,
     /// Every LoRA module applies its own dropout to the shared input (PEFT);
@@ -125,20 +127,13 @@ pub fn attention_kind(a: &Arch, asked: Attention) -> Attention {
     }
 }
 
-/// Bytes per input element a bitsandbytes-quantized linear module keeps
-/// for backward, counted per module in place of the shared input a frozen
-/// 16-bit linear saves. A fitted constant: bitsandbytes computes in the
-/// input's dtype and its current 4-bit matmul saves no input, yet the LitGPT
-/// QLoRA rows keep more per token than the LoRA rows of the same model, more
-/// in the config hub than in the older tables; this value sits between the
-/// two (the calibration test prints each table's nf4 rows; docs/DESIGN.md,
-/// "Calibration").
-const QUANTIZED_INPUT_BYTES: f64 = 3.5;
-
-/// Bytes a quantized linear module keeps per token over an input `width`.
+/// Bytes a quantized linear module keeps per token over an input `width`:
+/// `c.quantized_input_bytes` per input element, counted per module in place
+/// of the shared input a frozen 16-bit linear saves (its range and source:
+/// `bounds::quantized_input_bytes`).
 fn quantized_input(c: &ActContext, width: f64) -> f64 {
     if c.quantized && c.quantized_input_saved {
-        QUANTIZED_INPUT_BYTES * width
+        c.quantized_input_bytes * width
     } else {
         0.0
     }

@@ -4,6 +4,7 @@
 //! sum of per-component maxima.
 
 pub mod arch;
+pub mod bounds;
 pub mod framework;
 pub mod gpus;
 pub mod hf;
@@ -17,7 +18,8 @@ pub mod vision;
 mod activations;
 mod step;
 
-use crate::api::{Breakdown, EstimateBounds, EstimateStatus, ValidatedJob};
+use crate::api::{Breakdown, EstimateBounds, EstimateStatus, RangeSpread, ValidatedJob};
+use bounds::{End, Ends, Mechanism};
 pub use gpus::GpuProduct;
 pub use step::{Component, StepPhase};
 
@@ -114,37 +116,87 @@ fn to_bytes(v: f64, what: &'static str) -> Result<u64, EstimateError> {
 /// Estimate one rank's memory for `job` on `gpu`: the most loaded rank (with
 /// pipeline parallelism, the heavier of the first and last stage by per-GPU bytes).
 ///
-/// The status is the point estimate under the most likely stack profile; its
-/// `upper` is the largest estimate over every profile the spec leaves possible
-/// (see [`stacks`]).
+/// The status is the point estimate under the most likely stack profile with
+/// every mechanism at its point ([`bounds`]); `upper` is the largest estimate
+/// over every profile the spec leaves possible with every mechanism at its
+/// high end, `lower` the smallest with every mechanism at its low end, and
+/// `spread` says how far each mechanism alone moves the per-GPU figure.
 pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate, EstimateError> {
     let profiles = stacks::profiles(job);
-    let mut point = estimate_profile(job, gpu, &profiles[0])?;
-    let mut upper = EstimateBounds {
-        peak_allocated_bytes: point.status.peak_allocated_bytes,
-        peak_reserved_bytes: point.status.peak_reserved_bytes,
-        per_gpu_bytes: point.status.per_gpu_bytes,
+    let point_ends = Ends::all(End::Point);
+    let mut point = estimate_profile(job, gpu, &profiles[0], &point_ends)?;
+    let totals = |e: &Estimate| EstimateBounds {
+        peak_allocated_bytes: e.status.peak_allocated_bytes,
+        peak_reserved_bytes: e.status.peak_reserved_bytes,
+        per_gpu_bytes: e.status.per_gpu_bytes,
     };
-    for profile in &profiles[1..] {
-        let e = estimate_profile(job, gpu, profile)?;
-        upper.peak_allocated_bytes = upper
-            .peak_allocated_bytes
-            .max(e.status.peak_allocated_bytes);
-        upper.peak_reserved_bytes = upper.peak_reserved_bytes.max(e.status.peak_reserved_bytes);
-        upper.per_gpu_bytes = upper.per_gpu_bytes.max(e.status.per_gpu_bytes);
+    let mut upper = totals(&point);
+    let mut lower = upper;
+    // The stacks' behaviours at the point, each mechanism's ends with the
+    // point's profile, and every profile at either end.
+    let mut stack_above = 0u64;
+    for profile in &profiles {
+        let at_point = totals(&estimate_profile(job, gpu, profile, &point_ends)?);
+        stack_above = stack_above.max(
+            at_point
+                .per_gpu_bytes
+                .saturating_sub(point.status.per_gpu_bytes),
+        );
+        let high = totals(&estimate_profile(job, gpu, profile, &Ends::all(End::High))?);
+        let low = totals(&estimate_profile(job, gpu, profile, &Ends::all(End::Low))?);
+        for t in [at_point, high] {
+            upper.peak_allocated_bytes = upper.peak_allocated_bytes.max(t.peak_allocated_bytes);
+            upper.peak_reserved_bytes = upper.peak_reserved_bytes.max(t.peak_reserved_bytes);
+            upper.per_gpu_bytes = upper.per_gpu_bytes.max(t.per_gpu_bytes);
+        }
+        for t in [at_point, low] {
+            lower.peak_allocated_bytes = lower.peak_allocated_bytes.min(t.peak_allocated_bytes);
+            lower.peak_reserved_bytes = lower.peak_reserved_bytes.min(t.peak_reserved_bytes);
+            lower.per_gpu_bytes = lower.per_gpu_bytes.min(t.per_gpu_bytes);
+        }
     }
+    let mut spread = Vec::new();
+    if stack_above > 0 {
+        spread.push(RangeSpread {
+            mechanism: "stackBehaviour".to_string(),
+            below_bytes: 0,
+            above_bytes: stack_above,
+        });
+    }
+    let base = point.status.per_gpu_bytes;
+    for m in Mechanism::ALL {
+        let high = estimate_profile(job, gpu, &profiles[0], &Ends::point_but(m, End::High))?;
+        let low = estimate_profile(job, gpu, &profiles[0], &Ends::point_but(m, End::Low))?;
+        let above = high.status.per_gpu_bytes.saturating_sub(base);
+        let below = base.saturating_sub(low.status.per_gpu_bytes);
+        if above > 0 || below > 0 {
+            spread.push(RangeSpread {
+                mechanism: m.name().to_string(),
+                below_bytes: below,
+                above_bytes: above,
+            });
+        }
+    }
+    spread.sort_by(|a, b| {
+        (b.above_bytes + b.below_bytes)
+            .cmp(&(a.above_bytes + a.below_bytes))
+            .then(a.mechanism.cmp(&b.mechanism))
+    });
     point.status.upper = Some(upper);
+    point.status.lower = Some(lower);
+    point.status.spread = spread;
     Ok(point)
 }
 
-/// [`estimate`] under one stack profile.
+/// [`estimate`] under one stack profile, every mechanism at `ends`.
 fn estimate_profile(
     job: &ValidatedJob,
     gpu: &'static GpuProduct,
     profile: &stacks::Profile,
+    ends: &Ends,
 ) -> Result<Estimate, EstimateError> {
     let mut best: Option<Estimate> = None;
-    for model in step::StepModel::candidates(job, gpu, profile) {
+    for model in step::StepModel::candidates(job, gpu, profile, ends) {
         let e = estimate_stage(&model, gpu)?;
         let heavier = match &best {
             None => true,
@@ -221,6 +273,8 @@ fn estimate_stage(
         peak_phase: peak.phase.name().to_string(),
         gpu: Some(gpu.name.to_string()),
         upper: None,
+        lower: None,
+        spread: Vec::new(),
     };
     Ok(Estimate {
         status,

@@ -95,6 +95,10 @@ pub struct Profile {
     pub accumulates_by_default: bool,
     pub quantization: QuantLibrary,
     pub loss_chunking: LossChunking,
+    /// The stack computes the loss with its own code, not through a
+    /// Transformers model's `forward(labels=...)` (whose logits copies differ
+    /// between releases: `bounds::logits_extra_bytes`).
+    pub own_loss: bool,
 }
 
 /// A plain PyTorch loop: `torch.optim.AdamW()` with no implementation asked
@@ -113,6 +117,7 @@ const CUSTOM: Profile = Profile {
     accumulates_by_default: false,
     quantization: QuantLibrary::Bitsandbytes,
     loss_chunking: LossChunking::Tokens(128),
+    own_loss: false,
 };
 
 /// The profiles of `stack`, most likely first. Where a stack's own default
@@ -143,9 +148,12 @@ fn stack_profiles(stack: Stack) -> Vec<Profile> {
                 ..base
             },
         ],
-        // Unsloth runs inside TRL's trainer (so the Trainer's loss path) with
-        // bitsandbytes 4-bit weights and `adamw_8bit` by its recipes' choice.
+        // Unsloth runs inside TRL's trainer with bitsandbytes 4-bit weights and
+        // `adamw_8bit` by its recipes' choice, and patches the models' forward
+        // with its own cross-entropy (unslothai/unsloth unsloth/models/llama.py,
+        // `fast_cross_entropy_loss`), so Transformers' loss path does not run.
         Stack::Unsloth => vec![Profile {
+            own_loss: true,
             logits_kept: false,
             optimizer: OptimizerImplementation::Fused,
             ..base
@@ -157,6 +165,7 @@ fn stack_profiles(stack: Stack) -> Vec<Profile> {
         // recipes/lora_finetune_distributed.py, recipes/configs/*,
         // @ 1bf50ae24f99d453a40380d6f272f024a3122048).
         Stack::Torchtune => vec![Profile {
+            own_loss: true,
             logits_kept: false,
             optimizer: OptimizerImplementation::Fused,
             quantization: QuantLibrary::Torchao,
@@ -168,6 +177,7 @@ fn stack_profiles(stack: Stack) -> Vec<Profile> {
         // torchtitan/train.py, torchtitan/config/job_config.py @
         // 6404b932421f5ce382e7dac5ad381b2c17b1373c).
         Stack::Torchtitan => vec![Profile {
+            own_loss: true,
             logits_kept: false,
             optimizer: OptimizerImplementation::Fused,
             shards_over_context_parallel: true,
@@ -179,6 +189,7 @@ fn stack_profiles(stack: Stack) -> Vec<Profile> {
         // FSDP1 strategy (Lightning-AI/litgpt litgpt/finetune/lora.py @
         // c16c72c04ce0774d23f08506dfd369c612f2d52f).
         Stack::Litgpt => vec![Profile {
+            own_loss: true,
             frozen_units_stay_unsharded: true,
             frozen_linear_saves_input: true,
             lora_dropout_per_module: false,
@@ -206,6 +217,7 @@ fn stack_profiles(stack: Stack) -> Vec<Profile> {
         // steps with Apex/TE FusedAdam (NVIDIA/Megatron-LM
         // megatron/core/pipeline_parallel/schedules.py, megatron/core/optimizer/__init__.py).
         Stack::Megatron => vec![Profile {
+            own_loss: true,
             logits_kept: false,
             optimizer: OptimizerImplementation::Fused,
             ..base
@@ -271,6 +283,9 @@ impl Profile {
         }
         if t.mode == TrainingMode::Inference {
             self.logits_kept = false;
+        }
+        if t.loss == Loss::Chunked || t.mode == TrainingMode::Inference {
+            self.own_loss = true;
         }
         if job.lora.as_ref().is_none_or(|l| l.dropout <= 0.0) {
             self.lora_dropout_per_module = true;

@@ -2,6 +2,7 @@
 //! pipeline stage. Every number is bytes as f64 (exact below 2^53).
 
 use super::activations::{self, ActContext};
+use super::bounds::{self, Ends, Facts};
 use super::arch::{Arch, Kind};
 use super::gpus::{self, GpuProduct};
 use super::layers::LayerStack;
@@ -110,17 +111,8 @@ pub struct Fixed {
     pub nccl: f64,
 }
 
-/// NCCL's own buffers per process when a job spans several GPUs: NCCL_BUFFSIZE
-/// (4 MiB) per channel and peer direction; with the 16-32 channels NCCL opens
-/// on NVLink/InfiniBand systems this lands in the low hundreds of MiB
-/// (NCCL environment-variable documentation). A conservative round figure.
-const NCCL_BUFFERS: f64 = 384.0 * MIB;
 /// DeepSpeed's default `reduce_bucket_size` / `allgather_bucket_size` (5e8 elements).
 const DEEPSPEED_BUCKET_ELEMENTS: f64 = 5e8;
-/// Fraction of the churned (activation, logits, temporary) bytes the caching
-/// allocator holds as fragmentation between segments: freed activation blocks
-/// of mixed sizes cannot all be reused for the next, differently sized ones.
-const FRAGMENTATION: f64 = 0.08;
 /// Average rounding loss per large tensor: blocks above 10 MiB come from
 /// their own cudaMalloc rounded up to 2 MiB (CUDACachingAllocator).
 const ROUNDING_PER_TENSOR: f64 = 1.0 * MIB;
@@ -165,6 +157,8 @@ struct Stage {
     weight_transient: f64,
     /// Gathered weights that stay unsharded through backward.
     frozen_unsharded: f64,
+    /// They are all unsharded from backward's start (else only at its end).
+    frozen_from_start: bool,
     grads: f64,
     grads_live_in_backward: f64,
     optimizer: f64,
@@ -189,6 +183,8 @@ struct Stage {
 
 pub struct StepModel {
     stage: Stage,
+    ends: Ends,
+    facts: Facts,
     inference: bool,
     workspaces: f64,
     fixed: Fixed,
@@ -224,6 +220,7 @@ impl StepModel {
         job: &ValidatedJob,
         gpu: &'static GpuProduct,
         profile: &Profile,
+        ends: &Ends,
     ) -> Vec<StepModel> {
         let pp = job.spec.parallelism.pipeline_parallel.max(1);
         match &job.model {
@@ -232,22 +229,31 @@ impl StepModel {
                     job,
                     gpu,
                     profile,
-                    transformer_stage(job, arch, true, false, profile),
+                    ends,
+                    transformer_stage(job, arch, true, false, profile, ends),
                 ),
                 StepModel::with_stage(
                     job,
                     gpu,
                     profile,
-                    transformer_stage(job, arch, false, true, profile),
+                    ends,
+                    transformer_stage(job, arch, false, true, profile, ends),
                 ),
             ],
-            _ => vec![StepModel::new(job, gpu, profile)],
+            _ => vec![StepModel::new(job, gpu, profile, ends)],
         }
     }
 
-    pub fn new(job: &ValidatedJob, gpu: &'static GpuProduct, profile: &Profile) -> StepModel {
+    pub fn new(
+        job: &ValidatedJob,
+        gpu: &'static GpuProduct,
+        profile: &Profile,
+        ends: &Ends,
+    ) -> StepModel {
         let stage = match &job.model {
-            ResolvedModel::Transformer(arch) => transformer_stage(job, arch, true, true, profile),
+            ResolvedModel::Transformer(arch) => {
+                transformer_stage(job, arch, true, true, profile, ends)
+            }
             ResolvedModel::Custom {
                 parameters,
                 activation_bytes_per_sample,
@@ -257,34 +263,57 @@ impl StepModel {
                 *parameters as f64,
                 *activation_bytes_per_sample as f64,
             ),
-            ResolvedModel::Layers(stack) => layers_stage(job, profile, stack),
+            ResolvedModel::Layers(stack) => layers_stage(job, profile, stack, ends),
         };
-        StepModel::with_stage(job, gpu, profile, stage)
+        StepModel::with_stage(job, gpu, profile, ends, stage)
     }
 
     fn with_stage(
         job: &ValidatedJob,
         gpu: &'static GpuProduct,
         profile: &Profile,
+        ends: &Ends,
         stage: Stage,
     ) -> StepModel {
         let t = &job.spec.training;
         let p = &job.spec.parallelism;
         let overheads = gpus::overheads(gpu.architecture);
         let inference = t.mode == TrainingMode::Inference;
-        let nccl = if p.gpus > 1 { NCCL_BUFFERS } else { 0.0 };
+        let facts = Facts::of(job);
+        // One NCCL communicator per process group the job spans.
+        let communicators = if p.gpus > 1 {
+            [
+                job.data_parallel,
+                p.tensor_parallel,
+                p.pipeline_parallel,
+                p.context_parallel,
+            ]
+            .iter()
+            .filter(|n| **n > 1)
+            .count()
+            .max(1) as f64
+        } else {
+            0.0
+        };
+        let nccl = bounds::nccl_buffers(ends, communicators);
+        // cuDNN convolution workspaces come through the caching allocator too.
+        let cudnn = if matches!(&job.model, ResolvedModel::Layers(s) if s.has_conv) {
+            bounds::cudnn_workspace(
+                ends,
+                overheads.cudnn_workspace_bytes as f64,
+                stage.largest_tensor,
+            )
+        } else {
+            0.0
+        };
         StepModel {
             stage,
+            ends: *ends,
+            facts,
             inference,
-            // cuDNN convolution workspaces come through the caching allocator too.
-            workspaces: overheads.cublas_workspace_bytes as f64
-                + if matches!(&job.model, ResolvedModel::Layers(s) if s.has_conv) {
-                    overheads.cudnn_workspace_bytes as f64
-                } else {
-                    0.0
-                },
+            workspaces: overheads.cublas_workspace_bytes as f64 + cudnn,
             fixed: Fixed {
-                context: overheads.cuda_context_bytes as f64,
+                context: bounds::cuda_context(ends, &facts, overheads.cuda_context_bytes as f64),
                 nccl,
             },
             // With a globalBatchSize the steps are known; without one, the
@@ -335,7 +364,12 @@ impl StepModel {
         // The loss's backward runs before the head's: no weight gradient and
         // no head temporaries yet (measured on the meta-device reference).
         let mut bs = base(StepPhase::BackwardStart);
-        bs.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
+        let frozen_early = if s.frozen_from_start {
+            s.frozen_unsharded
+        } else {
+            0.0
+        };
+        bs.components[Component::Weights as usize] += s.weight_transient + frozen_early;
         bs.components[Component::Gradients as usize] = accumulated;
         bs.components[Component::Activations as usize] = s.activations;
         bs.components[Component::Logits as usize] = s.logits_backward;
@@ -373,7 +407,7 @@ impl StepModel {
 
     /// Bytes on the device outside the caching allocator at `peak`.
     pub fn unallocated(&self, peak: &PhaseBytes) -> f64 {
-        peak.get(Component::PagedOptimizerStates)
+        peak.get(Component::PagedOptimizerStates) * bounds::paged_residency(&self.ends)
     }
 
     /// Reserved minus allocated: rounding of large blocks plus fragmentation.
@@ -381,7 +415,8 @@ impl StepModel {
         let churned = peak.get(Component::Activations)
             + peak.get(Component::Logits)
             + peak.get(Component::Temporaries);
-        ROUNDING_PER_TENSOR * self.stage.large_tensors + FRAGMENTATION * churned
+        ROUNDING_PER_TENSOR * self.stage.large_tensors
+            + bounds::fragmentation_share(&self.ends, &self.facts) * churned
     }
 
     pub fn largest_tensor(&self) -> f64 {
@@ -477,6 +512,7 @@ fn transformer_stage(
     first: bool,
     last: bool,
     profile: &Profile,
+    ends: &Ends,
 ) -> Stage {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
@@ -562,10 +598,11 @@ fn transformer_stage(
     let block_gathered = counts.block_linear as f64 / tp * elem;
     let mut weight_transient = 0.0;
     let mut frozen_unsharded = 0.0;
+    let (gathered, frozen_from_start) = bounds::gathered_units(ends);
     if zero == 3 && !inference {
         weights /= dp;
         // The block being computed plus the prefetched next one.
-        weight_transient += 2.0 * block_gathered;
+        weight_transient += gathered * block_gathered;
         if profile.frozen_units_stay_unsharded {
             // FSDP1 reshards a unit after backward from its gradient hook;
             // frozen units get no gradient, so without the reshard-only hook
@@ -677,6 +714,7 @@ fn transformer_stage(
         weights_trainable: t.mode == TrainingMode::Full,
         quantized: job.quantization != Quantization::None,
         quantized_input_saved: profile.quantization == QuantLibrary::Bitsandbytes,
+        quantized_input_bytes: bounds::quantized_input_bytes(ends),
         frozen_linear_saves_input: profile.frozen_linear_saves_input,
         lora_dropout_per_module: profile.lora_dropout_per_module,
         peft: &method,
@@ -714,7 +752,9 @@ fn transformer_stage(
     } else {
         enc_blocks
     };
-    let mut per_microbatch = tokens * (kept_enc_blocks * kept_enc + dec_blocks * kept_dec);
+    let mut per_microbatch = tokens
+        * (kept_enc_blocks * kept_enc + dec_blocks * kept_dec)
+        * bounds::saved_activations_share(ends);
     if last {
         per_microbatch += tokens * activations::final_norm_bytes_per_token(arch, &ctx);
     }
@@ -768,8 +808,10 @@ fn transformer_stage(
                 // hands it and the gradient it produces (measured on the
                 // meta-device reference, benches/reference).
                 let upcast = if elem < 4.0 { 4.0 } else { 0.0 };
-                logits_forward = logit_tokens * vocab_rank * (elem + upcast + 4.0);
-                logits_backward = logit_tokens * vocab_rank * (held + 12.0);
+                // A Transformers release that copies the shifted logits.
+                let copies = bounds::logits_extra_bytes(ends, &Facts::of(job), profile.own_loss);
+                logits_forward = logit_tokens * vocab_rank * (elem + upcast + 4.0 + copies);
+                logits_backward = logit_tokens * vocab_rank * (held + 12.0 + copies);
             }
             Loss::Chunked => {
                 // The 16-bit logits (kept per chunk) and each chunk's
@@ -790,9 +832,23 @@ fn transformer_stage(
         }
     }
 
+    // A padded batch's additive attention mask (saved once for every layer)
+    // and the model's buffers besides its parameters.
+    let mask = if !inference && activations::attention_kind(arch, t.attention) != Attention::Flash
+    {
+        b * (s / cp) * s * elem
+    } else {
+        0.0
+    };
+    let unmodelled = bounds::unmodelled_saved(
+        ends,
+        &Facts::of(job),
+        mask,
+        s * s + 32.0 * MIB + counts.largest_matrix.max(counts.embedding) as f64 / tp * r.weight,
+    );
     // ---- Inputs ----
     // input_ids and labels (int64), plus data kept on the GPU.
-    let inputs = b * s * 16.0 + t.data_on_gpu_bytes as f64;
+    let inputs = b * s * 16.0 + t.data_on_gpu_bytes as f64 + unmodelled;
 
     // ---- Temporaries ----
     let i_width = arch.intermediate as f64 * arch.experts_per_token.max(1) as f64 / tp;
@@ -818,8 +874,13 @@ fn transformer_stage(
             largest_matrix * (2.0 + cast)
         }
     };
-    let temp_forward =
-        tokens * elem * i_width + dequant + method.forward_transient(arch, elem, lora_targets) / tp;
+    let mlp_planes = match arch.mlp {
+        crate::estimate::arch::Mlp::Gated => 3.0,
+        crate::estimate::arch::Mlp::Standard => 2.0,
+    };
+    let temp_forward = tokens * elem * bounds::forward_temporaries(ends, i_width, mlp_planes)
+        + dequant
+        + method.forward_transient(arch, elem, lora_targets) / tp;
     // Gradients of one block's largest activations plus a weight gradient
     // buffer before it is accumulated.
     let weight_grad_temp = if t.mode == TrainingMode::Full {
@@ -827,8 +888,17 @@ fn transformer_stage(
     } else {
         0.0
     };
-    let temp_backward =
-        tokens * elem * (2.0 * i_width + 2.0 * h) + dequant + weight_grad_temp + recompute;
+    // Eager attention's backward holds the scores' gradients (fp32 softmax
+    // backward and the 16-bit gradient of the probabilities), s per head per token.
+    let scores_grad = if activations::attention_kind(arch, t.attention) == Attention::Eager {
+        (arch.heads as f64 / tp) * (s / cp) * (4.0 + elem) / elem
+    } else {
+        0.0
+    };
+    let temp_backward = tokens * elem * bounds::backward_temporaries(ends, i_width, h, scores_grad)
+        + dequant
+        + weight_grad_temp
+        + recompute;
     let temp_head = dequant + weight_grad_temp;
     let logits_kept = if logits_backward > 0.0 {
         logit_tokens * vocab_rank * held
@@ -863,9 +933,15 @@ fn transformer_stage(
     };
     if inference {
         activations_total = 0.0;
-        // LitGPT and HF keep prefill logits for every prompt position.
+        // LitGPT and Transformers before 4.45 keep prefill logits for every
+        // prompt position; since then generation asks the head for the last
+        // position only (`logits_to_keep`): the low end of the logits copies.
+        let positions = match ends.of(bounds::Mechanism::LogitsCopies) {
+            bounds::End::Low => b,
+            _ => tokens,
+        };
         logits_forward = if last && job.head == crate::api::Head::Lm {
-            tokens * vocab_rank * elem
+            positions * vocab_rank * elem
         } else {
             0.0
         };
@@ -907,6 +983,7 @@ fn transformer_stage(
         weights,
         weight_transient,
         frozen_unsharded,
+        frozen_from_start,
         grads,
         grads_live_in_backward,
         optimizer,
@@ -1004,6 +1081,7 @@ fn custom_stage(
         weights,
         weight_transient,
         frozen_unsharded: 0.0,
+        frozen_from_start: false,
         grads,
         grads_live_in_backward: 0.0,
         optimizer,
@@ -1030,7 +1108,7 @@ fn custom_stage(
 }
 
 /// An MLP/CNN from a layer list: activations from shape propagation.
-fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack) -> Stage {
+fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends: &Ends) -> Stage {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
@@ -1068,8 +1146,9 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack) -> St
     let (grads, optimizer, optimizer_paged, optimizer_temp) =
         sharded_states(job, profile, &r, trainable, 1024.0);
     let fused = t.attention != Attention::Eager;
-    let full = stack.saved_bytes_per_sample_with(elem, mixed, fused) * b
-        + stack.saved_fp32_elems_per_batch as f64 * 4.0;
+    let full = (stack.saved_bytes_per_sample_with(elem, mixed, fused) * b
+        + stack.saved_fp32_elems_per_batch as f64 * 4.0)
+        * bounds::saved_activations_share(ends);
     let largest_layer = stack.largest_layer_saved_bytes_per_sample(elem, mixed, fused) * b;
     let activations = match t.gradient_checkpointing {
         // Segment checkpointing of n layers keeps O(√n) of them (Chen et al.
@@ -1088,6 +1167,7 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack) -> St
         weights,
         weight_transient,
         frozen_unsharded: 0.0,
+        frozen_from_start: false,
         grads,
         grads_live_in_backward: 0.0,
         optimizer,
@@ -1111,7 +1191,9 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack) -> St
             + b * 8.0
             + t.data_on_gpu_bytes as f64,
         temp_forward: largest_act,
-        temp_backward: 2.0 * largest_act,
+        // The gradients of the largest layer's input and output, plus what
+        // its backward kernels hold besides (`bounds::backward_temporaries`).
+        temp_backward: bounds::backward_temporaries(ends, largest_act, 0.0, 0.0),
         comm: if dp > 1.0 && zero == 0 && !inference && trainable > 0.0 {
             grads
         } else {

@@ -1,0 +1,511 @@
+//! What the estimator does not know, mechanism by mechanism, as a range.
+//!
+//! The step model is one model of one step; several of its inputs are not
+//! facts of the spec but of the software that runs it (the CUDA driver's
+//! module loading, the caching allocator's history, the Transformers release,
+//! the kernels a library picks). Each such input is a [`Mechanism`] with a low,
+//! a point and a high value, documented here: what it is physically, where
+//! its low and high values come from, and which fact of the job narrows it.
+//!
+//! The estimate is the step model evaluated three times, with every mechanism
+//! at its low end, at its point and at its high end ([`Ends`]); the phase that
+//! sets the peak is found anew each time, so the peak can move. `upper` is the
+//! largest of those over every trainer-stack profile the spec leaves open and
+//! `lower` the smallest: never the point times a factor. The mechanism that
+//! widens the range most is the one whose high end alone moves the per-GPU
+//! figure furthest from the point.
+
+use super::GIB;
+use crate::api::{AllocatorConf, Batching, RuntimeFacts, ValidatedJob};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Which end of its range a mechanism is evaluated at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum End {
+    Low,
+    Point,
+    High,
+}
+
+/// A mechanism the step model cannot pin from the spec alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mechanism {
+    /// The CUDA context with the kernel images of the libraries a job loads.
+    CudaContext,
+    /// NCCL's own buffers, per communicator.
+    NcclBuffers,
+    /// The caching allocator's reserved-but-unallocated bytes.
+    Fragmentation,
+    /// cuDNN convolution workspaces.
+    CudnnWorkspace,
+    /// Copies of the logits that the model's forward and the loss make.
+    LogitsCopies,
+    /// Transient buffers inside one block's forward and backward.
+    Temporaries,
+    /// The bytes per token each block saves for backward.
+    SavedActivations,
+    /// What a bitsandbytes 4-bit/8-bit linear keeps per input element.
+    QuantizedInput,
+    /// Tensors saved for backward outside the modelled set.
+    UnmodelledSaved,
+    /// Paged optimizer states resident on the device.
+    PagedResidency,
+    /// FSDP / ZeRO-3 units gathered at once.
+    ShardGather,
+}
+
+impl Mechanism {
+    pub const COUNT: usize = 11;
+    pub const ALL: [Mechanism; Mechanism::COUNT] = [
+        Mechanism::CudaContext,
+        Mechanism::NcclBuffers,
+        Mechanism::Fragmentation,
+        Mechanism::CudnnWorkspace,
+        Mechanism::LogitsCopies,
+        Mechanism::Temporaries,
+        Mechanism::SavedActivations,
+        Mechanism::QuantizedInput,
+        Mechanism::UnmodelledSaved,
+        Mechanism::PagedResidency,
+        Mechanism::ShardGather,
+    ];
+
+    /// The name used in the explanation and in `estimate.spread`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::CudaContext => "cudaContext",
+            Mechanism::NcclBuffers => "ncclBuffers",
+            Mechanism::Fragmentation => "allocatorFragmentation",
+            Mechanism::CudnnWorkspace => "cudnnWorkspace",
+            Mechanism::LogitsCopies => "logitsCopies",
+            Mechanism::Temporaries => "temporaries",
+            Mechanism::SavedActivations => "savedActivations",
+            Mechanism::QuantizedInput => "quantizedInput",
+            Mechanism::UnmodelledSaved => "unmodelledSaved",
+            Mechanism::PagedResidency => "pagedResidency",
+            Mechanism::ShardGather => "shardGather",
+        }
+    }
+
+    /// What narrows the range, for the explanation.
+    pub fn narrowed_by(self) -> &'static str {
+        match self {
+            Mechanism::CudaContext => "training.runtime.cuda and .pytorch (lazy module loading)",
+            Mechanism::NcclBuffers => "NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS in the trainer's env",
+            Mechanism::Fragmentation => {
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, training.batching: packed"
+            }
+            Mechanism::CudnnWorkspace => "a convolution-free model",
+            Mechanism::LogitsCopies => "training.runtime.transformers, training.stack",
+            Mechanism::Temporaries => "nothing in the spec (kernel scheduling)",
+            Mechanism::SavedActivations => {
+                "training.stack (the stack's own modules), attention: flash"
+            }
+            Mechanism::QuantizedInput => "nothing in the spec (bitsandbytes release)",
+            Mechanism::UnmodelledSaved => "training.batching: packed, attention: flash",
+            Mechanism::PagedResidency => "nothing in the spec (host memory pressure)",
+            Mechanism::ShardGather => "parallelism.fsdpVersion",
+        }
+    }
+}
+
+/// The end every mechanism is evaluated at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ends([End; Mechanism::COUNT]);
+
+impl Ends {
+    /// Every mechanism at `end`.
+    pub const fn all(end: End) -> Ends {
+        Ends([end; Mechanism::COUNT])
+    }
+
+    /// Every mechanism at its point, `m` at `end`.
+    pub fn point_but(m: Mechanism, end: End) -> Ends {
+        let mut e = Ends::all(End::Point);
+        e.0[m as usize] = end;
+        e
+    }
+
+    pub fn of(&self, m: Mechanism) -> End {
+        self.0[m as usize]
+    }
+
+    /// `(low, point, high)` picked by the end of `m`.
+    pub fn pick(&self, m: Mechanism, low: f64, point: f64, high: f64) -> f64 {
+        match self.of(m) {
+            End::Low => low,
+            End::Point => point,
+            End::High => high,
+        }
+    }
+}
+
+/// The facts of a job that narrow the mechanisms.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Facts {
+    pub runtime: RuntimeFacts,
+    pub allocator: AllocatorConf,
+    /// How batches are shaped, when the job says.
+    pub batching: Option<Batching>,
+}
+
+impl Facts {
+    pub fn of(job: &ValidatedJob) -> Facts {
+        Facts {
+            runtime: job.runtime,
+            allocator: job.allocator_conf,
+            batching: job.spec.training.batching,
+        }
+    }
+
+    /// The step's shapes change from batch to batch (or may).
+    fn shapes_vary(&self) -> bool {
+        !matches!(self.batching, Some(Batching::Packed | Batching::Padded))
+    }
+
+    /// Batches may carry padding, and so an attention mask.
+    fn may_pad(&self) -> bool {
+        self.batching != Some(Batching::Packed)
+    }
+}
+
+/// The CUDA context: driver and runtime state plus the kernel images of
+/// PyTorch and the libraries it loads (cuBLAS, cuDNN, NCCL), as nvidia-smi
+/// shows them before the first tensor and after the first step.
+///
+/// - point: the architecture's measured typical context (`gpus.rs`,
+///   `ARCH_OVERHEADS`, with the sources of each figure).
+/// - low: the bare context before any kernel is loaded, 256 MiB (RTX 3090,
+///   torch 2.7.1+cu128, invoke-ai/InvokeAI#9413; 274 MiB after one small
+///   tensor in pytorch/pytorch#86509).
+/// - high, lazy loading: CUDA 11.7 brought lazy module loading and PyTorch
+///   turns it on by default since 1.13 (pytorch/pytorch#86509); it is the
+///   driver's default from CUDA 12.2. A training step then loads the modules
+///   of the kernels it calls: cuBLAS(Lt) GEMMs, cuDNN's (for convolutions and
+///   fused attention), NCCL's. Bounded by the point plus 512 MiB, the size of
+///   the largest of those libraries' device images (cuDNN 9's engine
+///   libraries are the largest, some hundreds of MiB of sm_80/sm_90 code).
+/// - high, eager loading (CUDA before 11.7, PyTorch before 1.13, or
+///   `CUDA_MODULE_LOADING=EAGER`): every module of libtorch_cuda and its
+///   libraries is loaded at start: 1.5 GiB bounds what was reported for
+///   CUDA 11 PyTorch builds (pytorch/pytorch#20532, #86509: "over 1 GB"
+///   before lazy loading on recent architectures).
+///
+/// Narrowed by `training.runtime.cuda` and `.pytorch` (or the trainer image
+/// tag): a known lazy-loading runtime removes the eager high end.
+pub fn cuda_context(ends: &Ends, facts: &Facts, point: f64) -> f64 {
+    let lazy = facts.runtime.lazy_module_loading();
+    let high = match lazy {
+        Some(true) => point + 512.0 * MIB,
+        // Unknown or eager: a runtime old enough to load everything at start.
+        _ => (point + 512.0 * MIB).max(1.5 * GIB),
+    };
+    ends.pick(Mechanism::CudaContext, 256.0 * MIB, point, high)
+}
+
+/// NCCL's buffers per process: `NCCL_BUFFSIZE` (4 MiB by default) per
+/// channel, per peer and direction, per communicator. PyTorch opens one
+/// communicator per process group a job uses (data, tensor, pipeline and
+/// context parallel each have their own) and NCCL opens 2 to 32 channels by
+/// topology (NCCL environment-variable documentation: `NCCL_BUFFSIZE`,
+/// `NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS`).
+///
+/// - point: 384 MiB, the figure for one communicator on an NVLink node (as
+///   before this range existed).
+/// - low: 2 channels × 2 peers × 2 directions × 4 MiB = 32 MiB per communicator.
+/// - high: 32 channels × 2 peers × 2 directions × 4 MiB = 512 MiB per communicator
+///   (ring; tree and NVLS add less than the ring's second peer set).
+pub fn nccl_buffers(ends: &Ends, communicators: f64) -> f64 {
+    if communicators <= 0.0 {
+        return 0.0;
+    }
+    ends.pick(
+        Mechanism::NcclBuffers,
+        32.0 * MIB * communicators,
+        384.0 * MIB + 128.0 * MIB * (communicators - 1.0),
+        512.0 * MIB * communicators,
+    )
+}
+
+/// Reserved minus allocated, as a share of the bytes that churn within a step
+/// (activations, logits, temporaries): the caching allocator keeps freed
+/// blocks in their segments, and a block freed at one size serves a later,
+/// larger request only if its segment has a neighbouring free block to merge
+/// with (c10/cuda/CUDACachingAllocator.cpp: large blocks come from segments of
+/// 20 MiB (requests of 1 to 10 MiB) or of the request rounded up to 2 MiB,
+/// blocks are split but never merged across segments).
+///
+/// - point: 8 % of the churned bytes.
+/// - low: no fragmentation (a step whose every tensor finds a block of its
+///   own size again, as a repeated identical step does after its first).
+/// - high: 25 % of the churned bytes; with variable-length batches (shapes
+///   that change from step to step, or batching not given) blocks cached at one shape do not serve the next and the
+///   reserved figure climbs over a run: 50 %, half of the churned bytes
+///   stranded in segments of earlier shapes. The allocator frees every cached
+///   block and retries before it raises out-of-memory, so this is reserved
+///   memory, not a cause of OOM by itself beyond the in-segment holes.
+/// - `expandable_segments:True` maps one growing segment per stream, so
+///   freed blocks merge: the high end falls to 5 % (and 10 % unpacked).
+pub fn fragmentation_share(ends: &Ends, facts: &Facts) -> f64 {
+    let high = match (facts.allocator.expandable_segments, facts.shapes_vary()) {
+        (true, false) => 0.05,
+        (true, true) => 0.10,
+        (false, false) => 0.25,
+        (false, true) => 0.50,
+    };
+    let point = if facts.allocator.expandable_segments {
+        0.03
+    } else {
+        0.08
+    };
+    ends.pick(Mechanism::Fragmentation, 0.0, point, high)
+}
+
+/// cuDNN convolution workspace. PyTorch tries algorithms in cuDNN's
+/// heuristic order and keeps the first whose workspace fits in free memory,
+/// with no cap of its own (pytorch/pytorch#49207); `cudnn.benchmark` times
+/// every algorithm, large-workspace FFT and Winograd ones included.
+///
+/// - point: 128 MiB, typical of a ResNet pass (`gpus.rs`, with its sources).
+/// - low: 0 (implicit-GEMM algorithms need none).
+/// - high: 1 GiB, or four times the largest activation when that is more:
+///   FFT algorithms hold padded complex copies of input, filter and output.
+pub fn cudnn_workspace(ends: &Ends, point: f64, largest_activation: f64) -> f64 {
+    ends.pick(
+        Mechanism::CudnnWorkspace,
+        0.0,
+        point,
+        (1.0 * GIB).max(4.0 * largest_activation),
+    )
+}
+
+/// Extra bytes per logit element (tokens × vocab) that the model's forward
+/// and the loss hold beyond the modelled planes (the 16-bit lm_head output,
+/// one fp32 upcast, the fp32 log-softmax and, in backward, its gradients).
+///
+/// Transformers' causal-LM heads shifted the fp32 logits with
+/// `logits[..., :-1, :].contiguous()`: a second fp32 copy in forward, and in
+/// backward `slice_backward` of that shift allocates a full fp32 zero plane.
+/// Releases up to 4.45 did it in each model's `forward`, after
+/// `logits = logits.float()`; 4.46 moved it into `ForCausalLMLoss`
+/// (src/transformers/loss/loss_utils.py), which kept the copy until the
+/// `.contiguous()` was dropped (huggingface/transformers#35646, merged
+/// 2025-01-13, first released in 4.49); later releases shift the labels
+/// (`nn.functional.pad(labels, (0, 1))`) and copy no logits.
+///
+/// - point: the current release's path (0 extra), or 4 bytes when the job
+///   says it runs a Transformers release before 4.49.
+/// - high: 4 bytes (one fp32 plane) when the logits can go through a
+///   Transformers model's own loss (HF Trainer, a plain loop, Lightning,
+///   DeepSpeed around a Transformers model) and the release is not known.
+/// - low: 0.
+///
+/// `own_loss`: the profile's stack computes the loss with its own code
+/// (LitGPT, torchtune, torchtitan, Megatron, Unsloth), where none of this applies.
+pub fn logits_extra_bytes(ends: &Ends, facts: &Facts, own_loss: bool) -> f64 {
+    if own_loss {
+        return 0.0;
+    }
+    match facts.runtime.transformers_shifts_logits() {
+        Some(true) => ends.pick(Mechanism::LogitsCopies, 4.0, 4.0, 4.0),
+        Some(false) => 0.0,
+        None => ends.pick(Mechanism::LogitsCopies, 0.0, 0.0, 4.0),
+    }
+}
+
+/// Transient buffers alive at once inside one block's forward, in elements
+/// per token of the MLP's intermediate width `i`: the gate and up outputs,
+/// the activation's output and their product. What the block saves for
+/// backward is counted with the activations; what it frees as it goes is
+/// transient.
+///
+/// - point and low: one intermediate-wide buffer (`i`): the product, the
+///   others saved (training) or freed as soon as it exists.
+/// - high: `mlp_planes` × i, every plane of the MLP's forward at once (three
+///   for a gated MLP, two for a standard one), as an inference forward that
+///   saves nothing holds them until the product is made.
+pub fn forward_temporaries(ends: &Ends, i: f64, mlp_planes: f64) -> f64 {
+    ends.pick(Mechanism::Temporaries, i, i, mlp_planes * i)
+}
+
+/// Gradient buffers alive at once inside one block's backward, in elements
+/// per token of intermediate width `i` and hidden width `h`.
+///
+/// The backward of a gated MLP produces the gradient of down_proj's input
+/// (i), then SiLU's and the product's backward the gradients of the gate and
+/// up outputs (i each), then gate_proj's and up_proj's backward two
+/// gradients of the block input (h each) that autograd sums. How many of
+/// these are alive at once depends on when the engine frees each input
+/// gradient (as soon as its last consumer ran).
+///
+/// - point: 2i + 2h, what the meta-device reference measures for the
+///   Transformers blocks (`benches/reference`).
+/// - low: i + h, one of each, for an engine that frees as it goes.
+/// - high: 3i + 3h, every buffer of the MLP's backward at once (and the
+///   attention's dq, dk, dv beside the residual gradient), plus, for eager
+///   attention, the gradients of the score matrices (`scores`, in the same
+///   elements per token), which the reference's meta kernels do not size as
+///   the CUDA softmax backward allocates them.
+pub fn backward_temporaries(ends: &Ends, i: f64, h: f64, scores: f64) -> f64 {
+    ends.pick(
+        Mechanism::Temporaries,
+        i + h,
+        2.0 * i + 2.0 * h,
+        3.0 * i + 3.0 * h + scores,
+    )
+}
+
+/// The bytes per token a block saves for backward, as a share of what the
+/// block model counts tensor by tensor (`activations.rs`). The model names
+/// every saved tensor of the modelled modules; what it cannot see is how a
+/// stack's own modules differ from them (a fused norm that saves its fp32
+/// input or not, a rotary embedding that keeps a rotated copy, grouped K/V
+/// expanded before the attention kernel, a dropout applied once or per
+/// module).
+///
+/// - point: the block model.
+/// - low and high: ±20 %. The meta-device reference holds the activation
+///   component within 5 % of the step's peak on every gated configuration
+///   (`benches/reference/report.py`, `TOLERANCE`), where activations are a
+///   quarter to two thirds of the peak at the phase that sets it: up to 20 %
+///   of the activations themselves.
+pub fn saved_activations_share(ends: &Ends) -> f64 {
+    ends.pick(Mechanism::SavedActivations, 0.8, 1.0, 1.2)
+}
+
+/// How many FSDP / ZeRO-3 units are gathered (unsharded) at once, and
+/// whether frozen units left unsharded by backward are all there already
+/// when backward starts.
+///
+/// - gathered units: point 2 (the unit computing and the one prefetched:
+///   FSDP's `BACKWARD_PRE` prefetch with `limit_all_gathers`), low 1 (no
+///   prefetch issued yet), high 3 (a finished unit whose reshard has not run
+///   beside the two; torch/distributed/fsdp/_runtime_utils.py,
+///   `_prefetch_handle`, `_post_backward_reshard`).
+/// - frozen units that stay unsharded (`Profile::frozen_units_stay_unsharded`)
+///   are gathered as backward reaches them: the point counts them all from
+///   backward's start, the low end only at its end, when the activations are
+///   gone (backward frees one block's activations as it gathers the next
+///   unit, so the sum is never above the larger of the two ends).
+pub fn gathered_units(ends: &Ends) -> (f64, bool) {
+    match ends.of(Mechanism::ShardGather) {
+        End::Low => (1.0, false),
+        End::Point => (2.0, true),
+        End::High => (3.0, true),
+    }
+}
+
+/// Bytes per input element that a bitsandbytes-quantized linear keeps for
+/// backward, counted per module. bitsandbytes' `MatMul4Bit.forward` saves
+/// the input for the weight's gradient only when one is needed, which a
+/// frozen base never does, yet LitGPT's QLoRA rows keep more per token than
+/// its LoRA rows of the same model, and its two published tables disagree
+/// (the calibration test prints the nf4 rows of each).
+///
+/// - point: 3.5 bytes, between the two tables (`../shared/calibration`).
+/// - low: 2.5 and high: 4.5 bytes, the per-table values that centre each
+///   table's nf4 rows.
+pub fn quantized_input_bytes(ends: &Ends) -> f64 {
+    ends.pick(Mechanism::QuantizedInput, 2.5, 3.5, 4.5)
+}
+
+/// Tensors saved for backward that the block model does not count: a 4-D
+/// attention mask materialised for padded batches (SDPA and eager attention
+/// take an additive `b × 1 × s × s` mask in the compute dtype when the batch
+/// has padding; Transformers builds it once per forward,
+/// `_prepare_4d_causal_attention_mask_with_cache_position`, and every layer's
+/// attention saves the same tensor).
+///
+/// Model buffers that are not parameters are counted here too: the causal
+/// mask cache some stacks build at the longest sequence (LitGPT's
+/// `build_mask_cache`, a `s × s` bool; GPT-2's `bias` buffer in
+/// Transformers), rotary tables, RNG states and loss scalars (32 MiB); and
+/// the largest parameter once more, which `max_memory_allocated` sees at
+/// load time wherever a checkpoint entry is materialised on the device before
+/// it is copied into its parameter (`torch.load(map_location="cuda")`, a
+/// CUDA state dict given to `load_state_dict`).
+///
+/// - point and low: nothing.
+/// - high: `buffers` always, plus the attention mask, `mask` bytes, when
+///   batches are not known to be packed and the attention is not FlashAttention.
+///
+/// Dropout masks (one byte per element where a config trains with dropout)
+/// are not modelled: the architectures the estimator knows train without
+/// dropout in current recipes.
+pub fn unmodelled_saved(ends: &Ends, facts: &Facts, mask_bytes: f64, buffers: f64) -> f64 {
+    let mask = if facts.may_pad() { mask_bytes } else { 0.0 };
+    ends.pick(Mechanism::UnmodelledSaved, 0.0, 0.0, mask + buffers)
+}
+
+/// Share of bitsandbytes' paged optimizer states resident on the device at
+/// the peak. Paged states live in CUDA managed memory: the driver moves them
+/// to the host under memory pressure and back on access
+/// (bitsandbytes/functional.py, `get_paged`, `cudaMallocManaged`).
+///
+/// - point and high: all resident (a GPU with room keeps them).
+/// - low: none resident (evicted during forward and backward under pressure).
+pub fn paged_residency(ends: &Ends) -> f64 {
+    ends.pick(Mechanism::PagedResidency, 0.0, 1.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mechanism_is_listed_once_in_order() {
+        for (i, m) in Mechanism::ALL.iter().enumerate() {
+            assert_eq!(*m as usize, i);
+        }
+    }
+
+    #[test]
+    fn point_but_moves_one_mechanism_only() {
+        let e = Ends::point_but(Mechanism::Fragmentation, End::High);
+        for m in Mechanism::ALL {
+            let want = if m == Mechanism::Fragmentation {
+                End::High
+            } else {
+                End::Point
+            };
+            assert_eq!(e.of(m), want);
+        }
+    }
+
+    #[test]
+    fn expandable_segments_narrow_fragmentation() {
+        let mut f = Facts::default();
+        let high = fragmentation_share(&Ends::all(End::High), &f);
+        f.allocator.expandable_segments = true;
+        assert!(fragmentation_share(&Ends::all(End::High), &f) < high);
+        f.batching = Some(Batching::Packed);
+        assert_eq!(fragmentation_share(&Ends::all(End::High), &f), 0.05);
+        assert_eq!(fragmentation_share(&Ends::all(End::Low), &f), 0.0);
+    }
+
+    #[test]
+    fn a_known_lazy_runtime_drops_the_eager_context() {
+        let point = 512.0 * MIB;
+        let unknown = cuda_context(&Ends::all(End::High), &Facts::default(), point);
+        assert_eq!(unknown, 1.5 * GIB);
+        let mut f = Facts::default();
+        f.runtime.cuda = Some((12, 1));
+        f.runtime.pytorch = Some((2, 4));
+        assert_eq!(cuda_context(&Ends::all(End::High), &f, point), point + 512.0 * MIB);
+        f.runtime.cuda = Some((11, 3));
+        assert_eq!(cuda_context(&Ends::all(End::High), &f, point), 1.5 * GIB);
+    }
+
+    #[test]
+    fn transformers_release_pins_the_logits_copies() {
+        let hi = Ends::all(End::High);
+        let mut f = Facts::default();
+        assert_eq!(logits_extra_bytes(&hi, &f, false), 4.0);
+        assert_eq!(logits_extra_bytes(&hi, &f, true), 0.0);
+        f.runtime.transformers = Some((4, 48));
+        assert_eq!(logits_extra_bytes(&hi, &f, false), 0.0);
+        f.runtime.transformers = Some((4, 40));
+        assert_eq!(logits_extra_bytes(&Ends::all(End::Point), &f, false), 4.0);
+    }
+}
