@@ -275,7 +275,12 @@ fn calibration_rows_are_reproduced() {
         over * 100.0
     );
     for r in all.iter().filter(|r| !r.inside) {
-        println!("  outside the range: {} ({:+.1}%) [{}]", r.id, r.error * 100.0, r.confidence);
+        println!(
+            "  outside the range: {} ({:+.1}%) [{}]",
+            r.id,
+            r.error * 100.0,
+            r.confidence
+        );
     }
     let worst = asserted
         .iter()

@@ -120,7 +120,10 @@ fn from_image(image: &str) -> RuntimeFacts {
         return f;
     };
     let repo = image[..name_end + colon].to_ascii_lowercase();
-    let tag = image[name_end + colon + 1..].split('@').next().unwrap_or("");
+    let tag = image[name_end + colon + 1..]
+        .split('@')
+        .next()
+        .unwrap_or("");
     let lower = tag.to_ascii_lowercase();
     let first = lower.split('-').next().unwrap_or("");
     if repo.ends_with("pytorch/pytorch") || repo.contains("/pytorch-") || repo.ends_with("/torch") {

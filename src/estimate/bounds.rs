@@ -53,10 +53,12 @@ pub enum Mechanism {
     PagedResidency,
     /// FSDP / ZeRO-3 units gathered at once.
     ShardGather,
+    /// Autocast's 16-bit weight casts still alive at the end of backward.
+    CastCopies,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -69,6 +71,7 @@ impl Mechanism {
         Mechanism::UnmodelledSaved,
         Mechanism::PagedResidency,
         Mechanism::ShardGather,
+        Mechanism::CastCopies,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -85,6 +88,7 @@ impl Mechanism {
             Mechanism::UnmodelledSaved => "unmodelledSaved",
             Mechanism::PagedResidency => "pagedResidency",
             Mechanism::ShardGather => "shardGather",
+            Mechanism::CastCopies => "castCopies",
         }
     }
 
@@ -106,6 +110,7 @@ impl Mechanism {
             Mechanism::UnmodelledSaved => "training.batching: packed, attention: flash",
             Mechanism::PagedResidency => "nothing in the spec (host memory pressure)",
             Mechanism::ShardGather => "parallelism.fsdpVersion",
+            Mechanism::CastCopies => "nothing in the spec (the order backward frees in)",
         }
     }
 }
@@ -449,6 +454,22 @@ pub fn paged_residency(ends: &Ends) -> f64 {
     ends.pick(Mechanism::PagedResidency, 0.0, 1.0, 1.0)
 }
 
+/// Share of autocast's 16-bit weight casts alive at the end of backward.
+/// Autocast caches the cast of each weight that requires grad for the
+/// duration of the autocast region (`torch.autocast.__exit__` clears the
+/// cache, aten/src/ATen/autocast_mode.cpp `clear_cache`); past forward the
+/// copies live on only as the tensors their matmuls saved, and each block's
+/// are freed when backward has run through it.
+///
+/// - point and high: all of them (the first blocks' backward is the last to run,
+///   and the step model does not split the phase block by block).
+/// - low: none: backward has freed every block's saved casts by its end
+///   (the meta-device reference measures the weights at backward's end at
+///   the stored weights alone).
+pub fn casts_at_backward_end(ends: &Ends) -> f64 {
+    ends.pick(Mechanism::CastCopies, 0.0, 1.0, 1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,7 +513,10 @@ mod tests {
         let mut f = Facts::default();
         f.runtime.cuda = Some((12, 1));
         f.runtime.pytorch = Some((2, 4));
-        assert_eq!(cuda_context(&Ends::all(End::High), &f, point), point + 512.0 * MIB);
+        assert_eq!(
+            cuda_context(&Ends::all(End::High), &f, point),
+            point + 512.0 * MIB
+        );
         f.runtime.cuda = Some((11, 3));
         assert_eq!(cuda_context(&Ends::all(End::High), &f, point), 1.5 * GIB);
     }
@@ -503,7 +527,7 @@ mod tests {
         let mut f = Facts::default();
         assert_eq!(logits_extra_bytes(&hi, &f, false), 4.0);
         assert_eq!(logits_extra_bytes(&hi, &f, true), 0.0);
-        f.runtime.transformers = Some((4, 48));
+        f.runtime.transformers = Some((4, 50));
         assert_eq!(logits_extra_bytes(&hi, &f, false), 0.0);
         f.runtime.transformers = Some((4, 40));
         assert_eq!(logits_extra_bytes(&Ends::all(End::Point), &f, false), 4.0);

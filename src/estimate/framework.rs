@@ -166,7 +166,10 @@ fn env_path(name: &str) -> String {
 
 /// One environment variable of the trainer container: its value, or an error
 /// when it is set in a way vramguard cannot read.
-pub(crate) fn env_var(spec: &TrainingJobSpec, name: &str) -> Result<Option<String>, (String, String)> {
+pub(crate) fn env_var(
+    spec: &TrainingJobSpec,
+    name: &str,
+) -> Result<Option<String>, (String, String)> {
     let path = env_path(name);
     let Some(env) = spec
         .template

@@ -2,8 +2,8 @@
 //! pipeline stage. Every number is bytes as f64 (exact below 2^53).
 
 use super::activations::{self, ActContext};
-use super::bounds::{self, Ends, Facts};
 use super::arch::{Arch, Kind};
+use super::bounds::{self, Ends, Facts};
 use super::gpus::{self, GpuProduct};
 use super::layers::LayerStack;
 use super::params::{self, Counts};
@@ -155,6 +155,8 @@ fn prefix_adapted_blocks(a: &Arch, trainable: Option<f64>) -> f64 {
 struct Stage {
     weights: f64,
     weight_transient: f64,
+    /// The part of `weight_transient` that is autocast's 16-bit weight casts.
+    casts: f64,
     /// Gathered weights that stay unsharded through backward.
     frozen_unsharded: f64,
     /// They are all unsharded from backward's start (else only at its end).
@@ -387,7 +389,11 @@ impl StepModel {
         out.push(bl);
 
         let mut be = base(StepPhase::BackwardEnd);
-        be.components[Component::Weights as usize] += s.weight_transient + s.frozen_unsharded;
+        // Autocast's casts die with the saved tensors of their blocks' matmuls
+        // as backward walks down (`bounds::casts_at_backward_end`).
+        let casts_left = s.casts * bounds::casts_at_backward_end(&self.ends);
+        be.components[Component::Weights as usize] +=
+            s.weight_transient - s.casts + casts_left + s.frozen_unsharded;
         be.components[Component::Gradients as usize] = s.grads;
         be.components[Component::Activations as usize] = s.layer_activations;
         be.components[Component::Temporaries as usize] = s.temp_backward;
@@ -598,6 +604,7 @@ fn transformer_stage(
     let block_gathered = counts.block_linear as f64 / tp * elem;
     let mut weight_transient = 0.0;
     let mut frozen_unsharded = 0.0;
+    let mut casts = 0.0;
     let (gathered, frozen_from_start) = bounds::gathered_units(ends);
     if zero == 3 && !inference {
         weights /= dp;
@@ -638,6 +645,7 @@ fn transformer_stage(
             0.0
         };
         weight_transient += (linear * kept_share + head + tied_head) * elem;
+        casts = (linear * kept_share + head + tied_head) * elem;
         // Autocast caches the cast only of weights that require grad: a
         // frozen head run once per loss chunk is cast, and saved, per chunk.
         if t.mode != TrainingMode::Full && t.loss == Loss::Chunked && last {
@@ -834,8 +842,7 @@ fn transformer_stage(
 
     // A padded batch's additive attention mask (saved once for every layer)
     // and the model's buffers besides its parameters.
-    let mask = if !inference && activations::attention_kind(arch, t.attention) != Attention::Flash
-    {
+    let mask = if !inference && activations::attention_kind(arch, t.attention) != Attention::Flash {
         b * (s / cp) * s * elem
     } else {
         0.0
@@ -982,6 +989,7 @@ fn transformer_stage(
     Stage {
         weights,
         weight_transient,
+        casts,
         frozen_unsharded,
         frozen_from_start,
         grads,
@@ -1080,6 +1088,7 @@ fn custom_stage(
     Stage {
         weights,
         weight_transient,
+        casts: 0.0,
         frozen_unsharded: 0.0,
         frozen_from_start: false,
         grads,
@@ -1166,6 +1175,7 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
     Stage {
         weights,
         weight_transient,
+        casts: 0.0,
         frozen_unsharded: 0.0,
         frozen_from_start: false,
         grads,
