@@ -145,7 +145,6 @@ parallelism: {gpus: 2}
         "allocatorFragmentation",
         "logitsCopies",
         "savedActivations",
-        "temporaries",
     ] {
         assert!(names.contains(&m), "{m} missing from {names:?}");
     }

@@ -203,12 +203,23 @@ fn a_job_without_a_stack_carries_the_upper_end_over_every_stack() {
         est(&with_stack(LORA, "custom")).status.per_gpu_bytes
     );
     assert!(upper.per_gpu_bytes > open.status.per_gpu_bytes);
-    // A single-profile stack with every open default pinned is a point.
+    // A single-profile stack with every open default pinned leaves no stack
+    // behaviour open: what range remains is the mechanisms' own.
     let pinned = est(&with_stack(LORA, "torchtune"));
-    assert_eq!(
-        pinned.status.upper.unwrap().per_gpu_bytes,
-        pinned.status.per_gpu_bytes
+    assert!(
+        pinned
+            .status
+            .spread
+            .iter()
+            .all(|m| m.mechanism != "stackBehaviour")
     );
+    assert!(
+        open.status
+            .spread
+            .iter()
+            .any(|m| m.mechanism == "stackBehaviour")
+    );
+    assert!(pinned.status.upper.unwrap().per_gpu_bytes >= pinned.status.per_gpu_bytes);
 }
 
 #[test]

@@ -244,10 +244,11 @@ pub fn nccl_buffers(ends: &Ends, communicators: f64) -> f64 {
 /// - point: 8 % of the churned bytes.
 /// - low: no fragmentation (a step whose every tensor finds a block of its
 ///   own size again, as a repeated identical step does after its first).
-/// - high: 25 % of the churned bytes; with variable-length batches (shapes
-///   that change from step to step, or batching not given) blocks cached at one shape do not serve the next and the
-///   reserved figure climbs over a run: 50 %, half of the churned bytes
-///   stranded in segments of earlier shapes. The allocator frees every cached
+/// - high: 15 % of the churned bytes; with variable-length batches (shapes
+///   that change from step to step, or batching not given) blocks cached at
+///   one shape do not serve the next and the reserved figure climbs over a
+///   run: 25 %, a quarter of the churned bytes stranded in segments of
+///   earlier shapes. The allocator frees every cached
 ///   block and retries before it raises out-of-memory, so this is reserved
 ///   memory, not a cause of OOM by itself beyond the in-segment holes.
 /// - `expandable_segments:True` maps one growing segment per stream, so
@@ -256,8 +257,8 @@ pub fn fragmentation_share(ends: &Ends, facts: &Facts) -> f64 {
     let high = match (facts.allocator.expandable_segments, facts.shapes_vary()) {
         (true, false) => 0.05,
         (true, true) => 0.10,
-        (false, false) => 0.25,
-        (false, true) => 0.50,
+        (false, false) => 0.15,
+        (false, true) => 0.25,
     };
     let point = if facts.allocator.expandable_segments {
         0.03
