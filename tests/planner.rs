@@ -109,7 +109,8 @@ const LORA_70B: &str = "
 model: {preset: llama-3-70b}
 training: {mode: lora, lora: {rank: 16, targetModules: [q_proj, k_proj, v_proj, o_proj]},
            microBatchSize: 4, globalBatchSize: 64, sequenceLength: 4096, precision: bf16,
-           attention: flash}
+           attention: flash, batching: packed,
+           runtime: {pytorch: '2.4.0', cuda: '12.4', transformers: '4.50.0'}}
 fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing, zeroStage]}
 ";
 
@@ -487,8 +488,10 @@ fn example_cluster_places_jobs() {
     assert_eq!(nodes.len(), 4);
     let now = newest_probe(&nodes);
 
-    // A small LoRA job (~12 GiB): best fit is the smallest slot that holds it, the 2g.20gb MIG
-    // slice, not an empty 40 or 80 GB card.
+    // A small LoRA job (~12 GiB at the point, above 20 GiB at the upper end with its runtime
+    // unknown: the logits copies of a 128k vocabulary and the eager CUDA context): best fit is
+    // the smallest slot that holds the upper end, the 3g.40gb MIG slice, not an empty 40 or
+    // 80 GB card.
     let small = job("
 model: {preset: llama-3.2-1b}
 training: {mode: lora, microBatchSize: 4, sequenceLength: 2048, precision: bf16,
@@ -501,7 +504,7 @@ training: {mode: lora, microBatchSize: 4, sequenceLength: 2048, precision: bf16,
     );
     let a = out.assignment().expect("placed");
     assert_eq!(a.nodes[0].node, "gpu-a100-mig");
-    assert_eq!(a.nodes[0].gpus[0].mig_profile.as_deref(), Some("2g.20gb"));
+    assert_eq!(a.nodes[0].gpus[0].mig_profile.as_deref(), Some("3g.40gb"));
 
     // 8 ranks: only the idle H100 node has 8 GPUs free (the other is tainted).
     let eight = job("

@@ -12,7 +12,7 @@ fn repo(p: &str) -> std::path::PathBuf {
 }
 
 /// Two small nodes, jobs that fit, one that must shrink, one that cannot fit
-/// (denied), one whose true need is 40 % over the estimate (OOM, learn,
+/// (denied), one whose true need is twice the estimate (over its upper end) (OOM, learn,
 /// retry; the next of its shape fits), a burst, an operator restart, an agent
 /// that stops and a node that is lost.
 const SCENARIO: &str = "
@@ -48,7 +48,7 @@ jobs:
     count: 3
     every: 2h
     duration: 40m
-    factor: 1.4
+    factor: 2.0
     spec:
       model: {custom: {parameters: 1.3e9, activationBytesPerSample: 6.0e9}}
       training: {mode: full, microBatchSize: 8}
