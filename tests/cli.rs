@@ -240,6 +240,97 @@ fn an_unknown_gpu_exits_2() {
 }
 
 #[test]
+fn an_ambiguous_gpu_lists_what_it_could_mean() {
+    let run = estimate(small().as_bytes(), &["--gpu", "a100"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("\"a100\" names more than one GPU, with different memory: a100-80gb, a100-40gb; say which"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// A newcomer's spec with three mistakes, one of them a type error: all three are
+/// reported, each with its path and what would be valid.
+#[test]
+fn every_problem_is_reported_at_once_type_errors_included() {
+    let text = job(
+        "bad",
+        "model: {preset: gpt2}\ntraining: {microBatchSize: -2, sequenceLength: lots, gradientCheckpointing: true}\nparallelism: {gpus: 0}",
+    );
+    let run = estimate(text.as_bytes(), &[]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    for needle in [
+        "spec.training.microBatchSize: -2 is out of range; use a value 1 or more",
+        "spec.training.sequenceLength: \"lots\" is not a whole number",
+        "spec.training.gradientCheckpointing: true is not one of the allowed values; use one of none | selective | op-selective | full (true is written full)",
+        "spec.parallelism.gpus: 0 is out of range; use a value 1 or more",
+    ] {
+        assert!(
+            run.stderr.contains(needle),
+            "lacks {needle:?}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+/// `strategy: fsdp` without a stage is FSDP's default, full sharding: 8 GPUs share
+/// the model's states instead of each holding them all.
+#[test]
+fn fsdp_without_a_stage_is_estimated_fully_sharded() {
+    let spec = |extra: &str| {
+        job(
+            "fsdp",
+            &format!(
+                "model: {{preset: llama-3.1-8b}}\ntraining: {{mode: full, microBatchSize: 1, sequenceLength: 4096, gradientCheckpointing: full}}\nparallelism: {{gpus: 8, strategy: fsdp{extra}}}"
+            ),
+        )
+    };
+    let per_gpu = |text: String| {
+        let run = estimate(text.as_bytes(), &["--gpu", "h100", "-o", "json"]);
+        assert!(run.code <= 1, "{}", run.stderr);
+        u64_at(&json(&run), "/estimate/perGpuBytes")
+    };
+    let default = per_gpu(spec(""));
+    assert_eq!(default, per_gpu(spec(", zeroStage: 3")));
+    assert_eq!(default, per_gpu(spec(", sharding: full-shard")));
+    assert!(default < per_gpu(spec(", sharding: shard-grad-op")));
+    assert!(per_gpu(spec(", sharding: shard-grad-op")) < per_gpu(spec(", sharding: no-shard")));
+    assert_eq!(
+        per_gpu(spec(", sharding: no-shard")),
+        per_gpu(spec(", zeroStage: 0"))
+    );
+    let run = estimate(spec(", zeroStage: 1, sharding: full-shard").as_bytes(), &[]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr
+            .contains("spec.parallelism.zeroStage: 1 contradicts sharding, which means ZeRO 3"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn bf16_on_a_gpu_without_bf16_is_a_verdict_that_names_fp16() {
+    let text = job(
+        "bf16",
+        "model: {preset: gpt2}\ntraining: {mode: full, microBatchSize: 1, sequenceLength: 512, precision: bf16-mixed}",
+    );
+    for gpu in ["t4", "v100-32gb"] {
+        let run = estimate(text.as_bytes(), &["--gpu", gpu]);
+        assert_eq!(run.code, 1, "{gpu}: {}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stdout.contains("has no bf16") && run.stdout.contains("precision: fp16-mixed"),
+            "{gpu}: {}",
+            run.stdout
+        );
+    }
+    let run = estimate(text.as_bytes(), &["--gpu", "a10g"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+}
+
+#[test]
 fn a_missing_file_exits_2() {
     let args = ["estimate", "-f", "/nonexistent/vramguard/job.yaml"];
     let run = finish(command(&args).output().expect("runs"), &args);

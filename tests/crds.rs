@@ -17,6 +17,26 @@ fn checked_in() -> String {
         .unwrap_or_else(|e| panic!("{}: {e}; generate it with `{REGENERATE}`", path.display()))
 }
 
+/// `docs/trainingjob.md`, the field reference, is what the schema generates.
+#[test]
+fn the_field_reference_matches_the_schema() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/trainingjob.md");
+    let file = std::fs::read_to_string(&path).unwrap_or_default();
+    let generated = vramguard::cli::crds::reference_markdown();
+    assert!(
+        file == generated,
+        "docs/trainingjob.md is out of date with the CRD schema; regenerate it with \
+         `cargo run -q -- crds --reference > docs/trainingjob.md` and commit it"
+    );
+    for field in [
+        "`spec.parallelism.sharding` | string | full-shard \\| shard-grad-op \\| no-shard",
+        "`spec.training.gradientCheckpointing` | string | none \\| selective \\| op-selective \\| full | `none`",
+        "`spec.training.microBatchSize` | integer | ≥ 1 | `1`",
+    ] {
+        assert!(generated.contains(field), "lacks {field:?}");
+    }
+}
+
 #[test]
 fn crds_directory_matches_generated_crds() {
     let generated = crds_yaml();

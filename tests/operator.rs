@@ -311,6 +311,64 @@ async fn admits_creates_the_job_and_follows_it_to_success() {
 }
 
 /// Jobs that need most of an 80 GB GPU, written to run as they are.
+/// A TrainingJob name may be 253 characters; a label value at most 63. The Job's name
+/// and labels are shortened with a hash (the API server refuses the Job otherwise),
+/// the full name rides in an annotation, and an OOM of the attempt is still found.
+#[tokio::test]
+async fn a_250_character_name_runs_and_its_oom_is_still_found() {
+    let server = ApiServer::start().await;
+    server.put(&gpu_node("gpu-a", 1, 79));
+    let replica = Replica::start(&server, "op-a");
+    let name = format!("ft-{}", "x".repeat(246));
+    assert_eq!(name.len(), 249);
+    server.put(&training_job(
+        &name,
+        &lora_8b(
+            2,
+            "none",
+            "{mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}",
+        ),
+    ));
+    let job_name = vramguard::operator::render::job_name(&name, 0);
+    let job0 = wait_job(&server, &job_name).await;
+    assert!(job_name.len() <= 63, "{job_name}");
+    let template = &job0.spec.as_ref().unwrap().template;
+    let metas = [&job0.metadata, template.metadata.as_ref().unwrap()];
+    for meta in metas {
+        for (k, v) in meta.labels.iter().flatten() {
+            assert!(v.len() <= 63, "label {k}={v} is longer than 63");
+        }
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()["vramguard.io/training-job"],
+            name
+        );
+    }
+    // The pod as the Job controller makes it: the template's labels and annotations.
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("{job_name}-abcde"), "namespace": NS},
+        "spec": {"containers": [{"name": "trainer", "image": "x"}]},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{
+                "name": "trainer", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": TORCH_OOM}},
+            }],
+        },
+    }))
+    .expect("a Pod");
+    pod.metadata.labels = template.metadata.as_ref().unwrap().labels.clone();
+    pod.metadata.annotations = template.metadata.as_ref().unwrap().annotations.clone();
+    server.put(&pod);
+    job_failed(&server, &job_name);
+    wait_job(&server, &vramguard::operator::render::job_name(&name, 1)).await;
+    let status = tj_of(&server, &name).unwrap().status.unwrap();
+    assert_eq!(
+        status.oom_retries, 1,
+        "the OOM was found through the shortened label"
+    );
+    replica.stop().await;
+}
+
 fn big(name: &str) -> TrainingJob {
     training_job(name, &lora_8b(2, "full", "{mode: Reject}"))
 }

@@ -173,7 +173,7 @@ fitPolicy: {mode: Adjust, allow: [zeroStage]}
     fits_by_the_estimator(&j, p, g, empty(g));
     for stage in 0..3 {
         let mut k = j.clone();
-        k.spec.parallelism.zero_stage = stage;
+        k.spec.parallelism.zero_stage = Some(stage);
         let e = estimate::estimate(&k, g).expect("estimates");
         let v = plan::fit(
             e.status.per_gpu_bytes,

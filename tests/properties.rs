@@ -253,8 +253,9 @@ fn parallelism() -> impl Strategy<Value = ParallelismSpec> {
                 ParallelismSpec {
                     gpus: tp * pp * cp * dp,
                     gpus_per_node: None,
-                    zero_stage,
+                    zero_stage: Some(zero_stage),
                     strategy,
+                    sharding: None,
                     tensor_parallel: tp,
                     sequence_parallel: sp && tp > 1,
                     pipeline_parallel: pp,
@@ -599,7 +600,7 @@ fn the_largest_tensor_is_part_of_the_allocated_bytes() {
             ..TrainingSpec::default()
         },
         parallelism: ParallelismSpec {
-            zero_stage: 3,
+            zero_stage: Some(3),
             offload: Offload::OptimizerAndParameters,
             ..ParallelismSpec::default()
         },

@@ -246,6 +246,12 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["1e30 is too large", "maximum is 1e15"],
     ),
     (
+        "lora.alpha 1e30",
+        "model: {preset: gpt2}\ntraining: {mode: lora, lora: {rank: 8, alpha: 1e30}}",
+        "spec.training.lora.alpha",
+        &["1e30 is too large", "maximum is 65504"],
+    ),
+    (
         "custom.parameters 0",
         "model:\n  custom: {parameters: 0, activationBytesPerSample: 0}",
         "spec.model.custom.parameters",
@@ -542,6 +548,37 @@ fn bad_metadata_is_named() {
     let text = "apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: [1]\nspec:\n  model: {preset: gpt2}\n";
     let errs = errors(text);
     assert_eq!(paths(&errs), ["metadata.name"], "{errs:?}");
+}
+
+#[test]
+fn a_duplicate_key_names_the_key_and_line_without_library_advice() {
+    let text = "apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\nspec:\n  model: {preset: gpt2}\n  model: {preset: gpt2-xl}\n";
+    let e = documents(text).expect_err("a duplicate key").to_string();
+    assert!(
+        e.contains("\"model\" appears twice in one map (line 5"),
+        "{e}"
+    );
+    assert!(!e.contains("Policy"), "{e}");
+}
+
+#[test]
+fn the_reader_limits_say_which_limit_and_do_not_call_valid_yaml_invalid() {
+    let many = "a: 1\n---\n".repeat(1_025);
+    let e = documents(&many).expect_err("over the document limit");
+    assert!(matches!(e, ParseError::TooLarge(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "too large: vramguard reads at most 1 024 documents per file; split the file"
+    );
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    let e = documents(&deep)
+        .expect_err("over the depth limit")
+        .to_string();
+    assert!(
+        e.starts_with("too large: vramguard reads at most 64 levels of nesting"),
+        "{e}"
+    );
+    assert!(!e.contains("not valid YAML"), "{e}");
 }
 
 #[test]

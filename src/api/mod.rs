@@ -6,6 +6,7 @@ pub mod memory_profile;
 pub mod parse;
 pub mod runtime;
 mod schema;
+pub mod structural;
 pub mod training_job;
 pub mod validate;
 

@@ -19,6 +19,9 @@ pub enum ParseError {
     /// The text is not YAML (or JSON).
     #[error("not valid YAML: {0}")]
     Syntax(String),
+    /// Valid YAML past one of the reader's limits.
+    #[error("{0}")]
+    TooLarge(String),
     /// No document in the input.
     #[error("the input holds no document")]
     Empty,
@@ -41,22 +44,92 @@ pub fn documents(text: &str) -> Result<Vec<Value>, ParseError> {
     let options = serde_saphyr::options! {
         non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::AsString,
     };
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| {
-            // Keep the message on one line per problem, without source snippets.
-            ParseError::Syntax(super::validate::clip(
-                e.to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_string(),
-            ))
-        })?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options).map_err(
+        |e| match limit_reached(&e) {
+            Some(why) => ParseError::TooLarge(why),
+            None => ParseError::Syntax(syntax_message(&e)),
+        },
+    )?;
     if docs.is_empty() {
         return Err(ParseError::Empty);
     }
     Ok(docs)
+}
+
+/// The reader's own limits (serde-saphyr's default budget): valid YAML past one of them
+/// is refused as too large, naming the limit, its value and what to do.
+fn limit_reached(e: &serde_saphyr::Error) -> Option<String> {
+    use serde_saphyr::budget::BudgetBreach as B;
+    let serde_saphyr::Error::Budget { breach, .. } = e else {
+        return None;
+    };
+    let (what, limit, fix) = match breach {
+        B::Documents { .. } => ("documents per file", 1_024, "split the file"),
+        B::Depth { .. } => (
+            "levels of nesting",
+            64,
+            "no TrainingJob or GpuNode nests that deep; check the indentation",
+        ),
+        B::Nodes { .. } => (
+            "values (maps, lists and scalars) per file",
+            250_000,
+            "split the file",
+        ),
+        B::Events { .. } => ("YAML events per file", 1_000_000, "split the file"),
+        B::Aliases { .. } => ("aliases (*name)", 50_000, "write the values out"),
+        B::Anchors { .. } => ("anchors (&name)", 50_000, "write the values out"),
+        B::AliasAnchorRatio { .. } => (
+            "aliases per anchor (ten times the anchors, beyond the first 100 aliases)",
+            10,
+            "write the values out instead of repeating aliases",
+        ),
+        B::MergeKeys { .. } => ("merge keys (<<)", 10_000, "write the values out"),
+        B::ScalarBytes { .. } => ("MiB of text in values", 64, "split the file"),
+        _ => {
+            return Some(format!(
+                "the YAML is larger than vramguard reads ({breach:?}); split the file"
+            ));
+        }
+    };
+    Some(format!(
+        "too large: vramguard reads at most {} {what}; {fix}",
+        thousands(limit)
+    ))
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One line per problem, without source snippets or advice about the library's options.
+fn syntax_message(e: &serde_saphyr::Error) -> String {
+    if let serde_saphyr::Error::DuplicateMappingKey { key, location } = e {
+        let key = key
+            .as_deref()
+            .map(|k| format!("{k:?}"))
+            .unwrap_or_else(|| "a key".to_string());
+        return super::validate::clip(format!(
+            "{key} appears twice in one map (line {}, column {}); keep one of the two",
+            location.line(),
+            location.column()
+        ));
+    }
+    super::validate::clip(
+        e.to_string()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string(),
+    )
 }
 
 fn field(path: &str, reason: impl Into<String>) -> FieldError {
@@ -150,7 +223,17 @@ pub fn training_job(doc: Value) -> Result<TrainingJob, ParseError> {
             errs.push(field("spec", "missing; a TrainingJob needs spec.model"));
             None
         }
-        Some(v) => typed(v, "spec").map_err(|e| errs.push(e)).ok(),
+        Some(v) => {
+            // Every problem against the CRD's schema at once; serde would stop at the first.
+            let found =
+                super::structural::check(&v, super::structural::training_job_spec_schema(), "spec");
+            if found.is_empty() {
+                typed(v, "spec").map_err(|e| errs.push(e)).ok()
+            } else {
+                errs.extend(found);
+                None
+            }
+        }
     };
     let status: Option<TrainingJobStatus> = match map.remove("status") {
         None | Some(Value::Null) => None,

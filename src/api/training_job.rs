@@ -573,8 +573,10 @@ pub enum Framework {
         {"rule": "self.gpus % (self.tensorParallel * self.pipelineParallel * self.contextParallel) == 0", "message": "gpus must be a multiple of tensorParallel × pipelineParallel × contextParallel"},
         {"rule": "!self.sequenceParallel || self.tensorParallel >= 2", "message": "sequenceParallel needs tensorParallel >= 2"},
         {"rule": "self.virtualStages == 1 || self.pipelineSchedule == 'interleaved-1f1b'", "message": "virtualStages > 1 needs pipelineSchedule interleaved-1f1b"},
-        {"rule": "self.offload != 'optimizer' || self.zeroStage >= 1", "message": "optimizer offload needs zeroStage >= 1"},
-        {"rule": "self.offload != 'optimizer-and-parameters' || self.zeroStage == 3", "message": "parameter offload needs zeroStage 3"}
+        {"rule": "self.offload != 'optimizer' || (has(self.zeroStage) ? self.zeroStage >= 1 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding != 'no-shard')))", "message": "optimizer offload needs zeroStage >= 1"},
+        {"rule": "self.offload != 'optimizer-and-parameters' || (has(self.zeroStage) ? self.zeroStage == 3 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding == 'full-shard')))", "message": "parameter offload needs zeroStage 3"},
+        {"rule": "!has(self.sharding) || self.strategy == 'fsdp'", "message": "sharding is FSDP's sharding strategy; it needs strategy fsdp"},
+        {"rule": "!has(self.sharding) || !has(self.zeroStage) || (self.sharding == 'full-shard' && self.zeroStage == 3) || (self.sharding == 'shard-grad-op' && self.zeroStage == 2) || (self.sharding == 'no-shard' && self.zeroStage == 0)", "message": "sharding and zeroStage disagree: full-shard is zeroStage 3, shard-grad-op 2, no-shard 0"}
 ]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParallelismSpec {
@@ -584,12 +586,17 @@ pub struct ParallelismSpec {
     /// GPUs per node; default: min(gpus, 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_per_node: Option<u64>,
-    /// 0 DDP | 1 optimizer | 2 +gradients | 3 +parameters.
-    #[serde(default)]
+    /// 0 DDP | 1 optimizer | 2 +gradients | 3 +parameters. Default: 3 with
+    /// `strategy: fsdp` (FSDP's default, full sharding, or what `sharding` says), else 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 3))]
-    pub zero_stage: u8,
+    pub zero_stage: Option<u8>,
     #[serde(default)]
     pub strategy: Strategy,
+    /// FSDP's sharding strategy (`strategy: fsdp` only): full-shard (ZeRO 3, the
+    /// default) | shard-grad-op (ZeRO 2) | no-shard (ZeRO 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<Sharding>,
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub tensor_parallel: u64,
@@ -618,8 +625,9 @@ impl Default for ParallelismSpec {
         ParallelismSpec {
             gpus: 1,
             gpus_per_node: None,
-            zero_stage: 0,
+            zero_stage: None,
             strategy: Strategy::default(),
+            sharding: None,
             tensor_parallel: 1,
             sequence_parallel: false,
             pipeline_parallel: 1,
@@ -641,6 +649,43 @@ pub enum Strategy {
     Fsdp,
     Deepspeed,
     Megatron,
+}
+
+impl ParallelismSpec {
+    /// The ZeRO stage the job runs at: `zeroStage` as written, else what FSDP's
+    /// sharding strategy means (full sharding by default), else 0.
+    pub fn zero(&self) -> u8 {
+        self.zero_stage
+            .unwrap_or(match (self.strategy, self.sharding) {
+                (Strategy::Fsdp, Some(s)) => s.zero_stage(),
+                (Strategy::Fsdp, None) => 3,
+                _ => 0,
+            })
+    }
+}
+
+/// FSDP's sharding strategy: full-shard | shard-grad-op | no-shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharding {
+    /// `FULL_SHARD` (FSDP1) / `reshard_after_forward=True` (FSDP2): parameters,
+    /// gradients and optimizer states sharded, ZeRO 3.
+    FullShard,
+    /// `SHARD_GRAD_OP` / `reshard_after_forward=False`: gradients and optimizer
+    /// states sharded, parameters kept whole between forward and backward, ZeRO 2.
+    ShardGradOp,
+    /// `NO_SHARD`: every rank holds everything, as DDP, ZeRO 0.
+    NoShard,
+}
+
+impl Sharding {
+    pub fn zero_stage(self) -> u8 {
+        match self {
+            Sharding::FullShard => 3,
+            Sharding::ShardGradOp => 2,
+            Sharding::NoShard => 0,
+        }
+    }
 }
 
 /// gpipe | 1f1b | interleaved-1f1b.

@@ -18,6 +18,8 @@ pub const MAX_BYTES: f64 = 1e18;
 pub const MAX_SEQUENCE_LENGTH: u64 = 1 << 26;
 /// Largest micro-batch we accept.
 pub const MAX_MICRO_BATCH: u64 = 1 << 24;
+/// Largest LoRA alpha we accept: fp16's largest finite value.
+pub const MAX_LORA_ALPHA: f64 = 65_504.0;
 /// Largest GPU count we accept.
 pub const MAX_GPUS: u64 = 1 << 20;
 
@@ -307,6 +309,14 @@ fn validate_hinted(
                     "spec.training.lora.alpha",
                     format!("{} is not allowed; must be a positive number", l.alpha),
                 );
+            } else if l.alpha > MAX_LORA_ALPHA {
+                errs.push(
+                    "spec.training.lora.alpha",
+                    format!(
+                        "{} is too large; maximum is {MAX_LORA_ALPHA} (fp16's largest value: the adapter's output scaled by alpha/rank past it is infinite); usual values are 8 to 512, often twice the rank",
+                        l.alpha
+                    ),
+                );
             }
             if !l.dropout.is_finite() || !(0.0..1.0).contains(&l.dropout) {
                 errs.push(
@@ -399,11 +409,32 @@ fn validate_hinted(
     errs.at_least("spec.parallelism.pipelineParallel", p.pipeline_parallel, 1);
     errs.at_least("spec.parallelism.contextParallel", p.context_parallel, 1);
     errs.at_least("spec.parallelism.virtualStages", p.virtual_stages, 1);
-    if p.zero_stage > 3 {
+    if let Some(z) = p.zero_stage
+        && z > 3
+    {
         errs.push(
             "spec.parallelism.zeroStage",
-            format!("{} is not a ZeRO stage; allowed: 0, 1, 2, 3", p.zero_stage),
+            format!("{z} is not a ZeRO stage; allowed: 0, 1, 2, 3"),
         );
+    }
+    if let Some(sharding) = p.sharding {
+        if p.strategy != Strategy::Fsdp {
+            errs.push(
+                "spec.parallelism.sharding",
+                "is FSDP's sharding strategy and strategy is not fsdp; set strategy: fsdp, or say the ZeRO stage with zeroStage",
+            );
+        }
+        if let Some(z) = p.zero_stage
+            && z != sharding.zero_stage()
+        {
+            errs.push(
+                "spec.parallelism.zeroStage",
+                format!(
+                    "{z} contradicts sharding, which means ZeRO {}; write one of the two, or make them agree (full-shard is 3, shard-grad-op 2, no-shard 0)",
+                    sharding.zero_stage()
+                ),
+            );
+        }
     }
     let model_parallel = p
         .tensor_parallel
@@ -457,11 +488,11 @@ fn validate_hinted(
         );
     }
     match p.offload {
-        Offload::Optimizer if p.zero_stage == 0 => errs.push(
+        Offload::Optimizer if p.zero() == 0 => errs.push(
             "spec.parallelism.offload",
             "optimizer offload needs zeroStage ≥ 1",
         ),
-        Offload::OptimizerAndParameters if p.zero_stage != 3 => errs.push(
+        Offload::OptimizerAndParameters if p.zero() != 3 => errs.push(
             "spec.parallelism.offload",
             "parameter offload needs zeroStage: 3",
         ),
@@ -580,8 +611,11 @@ fn validate_hinted(
         return Err(ValidationErrors(errs.0));
     }
     let model = model.expect("a model error would have returned above");
+    // The stage the job runs at, written down: FSDP without zeroStage shards fully.
+    let mut spec = spec.clone();
+    spec.parallelism.zero_stage = Some(spec.parallelism.zero());
     Ok(ValidatedJob {
-        spec: spec.clone(),
+        spec,
         model,
         model_name,
         head,

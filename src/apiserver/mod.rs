@@ -1162,12 +1162,56 @@ fn get(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) -
     }
 }
 
+/// What the API server's object-metadata validation refuses: label keys and values
+/// that are not qualified names / label values (a value at most 63 characters,
+/// alphanumerics at both ends, `-`, `_`, `.` inside).
+fn metadata_problems(meta: &Value) -> Option<String> {
+    let labels = meta["labels"].as_object()?;
+    for (k, v) in labels {
+        let Some(v) = v.as_str() else {
+            return Some(format!(
+                "metadata.labels: Invalid value: {k}: must be a string"
+            ));
+        };
+        let (prefix, name) = k.rsplit_once('/').unwrap_or(("", k));
+        if !label_value_ok(name) || name.is_empty() || prefix.len() > 253 {
+            return Some(format!(
+                "metadata.labels: Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, at most 63 characters"
+            ));
+        }
+        if !label_value_ok(v) {
+            return Some(format!(
+                "metadata.labels: Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, must be no more than 63 characters"
+            ));
+        }
+    }
+    None
+}
+
+fn label_value_ok(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+}
+
 fn create(shared: &Shared, t: &Target, mut body: Value, dry_run: bool) -> Response {
     if !body.is_object() {
         return bad_request("the body is not an object".into());
     }
     if !body["metadata"].is_object() {
         body["metadata"] = json!({});
+    }
+    if let Some(problem) = metadata_problems(&body["metadata"]) {
+        return status_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            problem,
+            Some(&t.res),
+            body["metadata"]["name"].as_str().unwrap_or_default(),
+        );
     }
     let mut inner = shared.lock();
     if body["metadata"]["name"]
@@ -1318,6 +1362,15 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     }
     if !new["metadata"].is_object() {
         new["metadata"] = json!({});
+    }
+    if let Some(problem) = metadata_problems(&new["metadata"]) {
+        return status_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            problem,
+            Some(&t.res),
+            &name,
+        );
     }
     new["metadata"]["name"] = json!(name);
     if let Some(ns) = &t.ns {

@@ -164,11 +164,15 @@ pub fn resolve_gpus(args: &EstimateArgs) -> Result<Vec<&'static GpuProduct>, Str
     names
         .iter()
         .map(|n| {
-            gpus::find(n).ok_or_else(|| {
-                format!(
+            gpus::find(n).ok_or_else(|| match gpus::candidates(n).as_slice() {
+                [] => format!(
                     "--gpu: unknown GPU {n:?}; known: {}",
                     gpus::names().collect::<Vec<_>>().join(", ")
-                )
+                ),
+                many => format!(
+                    "--gpu: {n:?} names more than one GPU, with different memory: {}; say which",
+                    many.join(", ")
+                ),
             })
         })
         .collect()
@@ -177,6 +181,12 @@ pub fn resolve_gpus(args: &EstimateArgs) -> Result<Vec<&'static GpuProduct>, Str
 fn verdict_message(v: &Verdict) -> String {
     let gib = |b: u64| b as f64 / estimate::GIB;
     match &v.allocator_limit {
+        _ if v.binding == Binding::Unsupported => {
+            format!(
+                "cannot run: {}",
+                v.unsupported.as_deref().unwrap_or_default()
+            )
+        }
         _ if v.fits => format!("fits with {:.1} GiB headroom", gib(v.headroom_bytes)),
         Some(c) if v.binding == Binding::AllocatorLimit => c.explain(v.short_by_bytes),
         _ if v.short_by_bytes > 0 => format!("short by {:.1} GiB", gib(v.short_by_bytes)),

@@ -51,8 +51,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Estimate per-GPU memory of TrainingJobs and check them against GPUs.
     Estimate(EstimateArgs),
-    /// Print the CustomResourceDefinitions (YAML) to apply to a cluster.
-    Crds,
+    /// Print the CustomResourceDefinitions (YAML) to apply to a cluster, or with
+    /// --reference every TrainingJob field as Markdown.
+    Crds(crds::CrdsArgs),
     /// Serve the admission webhook (TLS) for TrainingJobs.
     Serve(serve::ServeArgs),
     /// Probe this node's GPUs: print one probe (--once), or publish a GpuNode and serve /check.
@@ -76,7 +77,7 @@ pub fn main() -> ExitCode {
                 &mut stderr.lock(),
             )
         }
-        Command::Crds => crds::run(&mut std::io::stdout().lock()),
+        Command::Crds(args) => crds::run(&args, &mut std::io::stdout().lock()),
         Command::Serve(args) => run_async(cli.log_format, serve::run(args)),
         Command::Agent(args) => run_async(cli.log_format, agent::run(args)),
         Command::Simulate(args) => {

@@ -154,7 +154,7 @@ fn describe(r: &JobReport) -> String {
     let gpus = if p.gpus == 1 {
         "1 GPU".to_string()
     } else {
-        format!("{} GPUs, ZeRO {}", p.gpus, p.zero_stage)
+        format!("{} GPUs, ZeRO {}", p.gpus, p.zero())
     };
     parts.push(gpus);
     parts.join(" · ")

@@ -244,7 +244,7 @@ pub const GPUS: &[GpuProduct] = &[
     // --- Ampere ---
     GpuProduct {
         name: "a100-80gb",
-        aliases: &["a100", "a100-sxm4-80gb", "a100-80gb-sxm"],
+        aliases: &["a100-sxm4-80gb", "a100-80gb-sxm"],
         product: "NVIDIA A100-SXM4-80GB",
         architecture: Architecture::Ampere,
         // source: "NVIDIA A100-SXM4-80GB ... 87MiB / 81920MiB" in NVIDIA/mig-parted#31 (driver
@@ -475,6 +475,24 @@ pub fn find(name: &str) -> Option<&'static GpuProduct> {
                 .iter()
                 .any(|alias| alias.eq_ignore_ascii_case(name))
     })
+}
+
+/// The whole-card products a name that is not one of ours could mean: `a100` is
+/// `a100-80gb` or `a100-40gb`, whose memory differs by half. Empty when none.
+pub fn candidates(name: &str) -> Vec<&'static str> {
+    let name = name.trim().to_ascii_lowercase();
+    if name.is_empty() {
+        return Vec::new();
+    }
+    GPUS.iter()
+        .filter(|gpu| !gpu.mig)
+        .filter(|gpu| {
+            std::iter::once(&gpu.name)
+                .chain(gpu.aliases)
+                .any(|n| n.starts_with(&format!("{name}-")))
+        })
+        .map(|gpu| gpu.name)
+        .collect()
 }
 
 /// The `--gpu` names, in catalog order (aliases not included).

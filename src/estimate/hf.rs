@@ -13,8 +13,11 @@ pub const MODEL_TYPES: &[&str] = &[
     "mixtral",
     "qwen2",
     "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
     "gemma",
     "gemma2",
+    "gemma3_text",
     "phi",
     "phi3",
     "gpt2",
@@ -123,8 +126,29 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
         return Err(r.errs);
     };
     let arch = match model_type.as_str() {
-        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "gemma" | "gemma2" | "phi3" => {
-            llama_like(&mut r, &model_type)
+        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe"
+        | "gemma" | "gemma2" | "gemma3_text" | "phi3" => llama_like(&mut r, &model_type),
+        "gemma3" => {
+            r.err(
+                "model_type",
+                "gemma3 is the multimodal checkpoint: give its text_config object here (its \
+                 model_type is gemma3_text); the vision tower (a SigLIP encoder, about 0.4B \
+                 parameters, frozen in text fine-tuning) is not modelled",
+            );
+            return Err(r.errs);
+        }
+        "deepseek_v2" | "deepseek_v3" => {
+            r.err(
+                "model_type",
+                format!(
+                    "{model_type} uses multi-head latent attention, which the transformer \
+                     shape cannot express; describe it with spec.model.transformer (its \
+                     routed experts as experts and expertsPerToken) and say the attention \
+                     widths as kvHeads and headDim, or use spec.model.custom with its \
+                     parameter count"
+                ),
+            );
+            return Err(r.errs);
         }
         "phi" => {
             let layers = r.dim(&["num_hidden_layers"], None);
@@ -311,7 +335,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
             r.err(
                 "model_type",
                 format!(
-                    "unknown model_type {other:?}; known: {}",
+                    "unknown model_type {other:?}; known: {}; for another architecture give \
+                     its dimensions under spec.model.transformer (layers, hiddenSize, \
+                     attentionHeads, kvHeads, intermediateSize, vocabSize)",
                     MODEL_TYPES.join(", ")
                 ),
             );
@@ -360,7 +386,7 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
         None | Some(Value::Null) => 0,
         Some(_) => r.dim(&["head_dim"], None),
     };
-    let tied_default = matches!(model_type, "gemma" | "gemma2");
+    let tied_default = matches!(model_type, "gemma" | "gemma2" | "gemma3_text");
     let (experts, per_token, intermediate) = match model_type {
         "mixtral" => (
             r.dim(&["num_local_experts"], None),
@@ -368,7 +394,8 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
             r.dim(&["intermediate_size"], None),
         ),
         // Routed experts only; the shared expert is not modelled separately.
-        "qwen2_moe" => (
+        // Qwen3-MoE has no shared expert.
+        "qwen2_moe" | "qwen3_moe" => (
             r.dim(&["num_experts"], None),
             r.dim(&["num_experts_per_tok"], None),
             r.dim(&["moe_intermediate_size"], None),
@@ -377,6 +404,9 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
     };
     let qkv_bias = matches!(model_type, "qwen2" | "qwen2_moe");
     let gemma2 = model_type == "gemma2";
+    // Gemma 3 keeps Gemma 2's norms after attention and MLP and drops soft-capping for
+    // a norm on queries and keys (head_dim weights per layer, not counted).
+    let post_norms = matches!(model_type, "gemma2" | "gemma3_text");
     // Gemma 2 soft-caps by default (Gemma2Config: 50 and 30); null turns it off.
     let attention_softcap = r.softcap("attn_logit_softcapping", gemma2);
     let final_softcap = r.softcap("final_logit_softcapping", gemma2);
@@ -400,7 +430,7 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
         max_positions: 0,
         type_vocab: 0,
         parallel_block: false,
-        post_norms: gemma2,
+        post_norms,
         attention_softcap,
         final_softcap,
     }
@@ -438,6 +468,55 @@ mod tests {
         assert_eq!(arch.intermediate, preset.intermediate);
         assert_eq!(arch.vocab, preset.vocab);
         assert!(arch.tied);
+    }
+
+    #[test]
+    fn qwen3_qwen3_moe_and_gemma3_text_configs_match_their_presets() {
+        let cases = [
+            (
+                serde_json::json!({
+                    "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096,
+                    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                    "intermediate_size": 12288, "vocab_size": 151936, "tie_word_embeddings": false
+                }),
+                "qwen3-8b",
+            ),
+            (
+                serde_json::json!({
+                    "model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+                    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                    "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": false
+                }),
+                "qwen3-30b-a3b",
+            ),
+            (
+                serde_json::json!({
+                    "model_type": "gemma3_text", "num_hidden_layers": 26, "hidden_size": 1152,
+                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                    "intermediate_size": 6912, "vocab_size": 262144,
+                    "attn_logit_softcapping": null, "final_logit_softcapping": null
+                }),
+                "gemma-3-1b",
+            ),
+        ];
+        for (c, preset) in cases {
+            let arch = arch_from_config(&config(c)).unwrap();
+            assert_eq!(arch, presets::find(preset).unwrap().arch, "{preset}");
+        }
+    }
+
+    #[test]
+    fn latent_attention_and_the_multimodal_gemma3_say_what_to_write() {
+        let errs = arch_from_config(&config(serde_json::json!({"model_type": "deepseek_v3"})))
+            .unwrap_err();
+        assert!(errs[0].1.contains("spec.model.transformer"), "{errs:?}");
+        let errs =
+            arch_from_config(&config(serde_json::json!({"model_type": "gemma3"}))).unwrap_err();
+        assert!(errs[0].1.contains("text_config"), "{errs:?}");
+        let errs =
+            arch_from_config(&config(serde_json::json!({"model_type": "mamba"}))).unwrap_err();
+        assert!(errs[0].1.contains("spec.model.transformer"), "{errs:?}");
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub struct Estimate {
     pub gpu: &'static GpuProduct,
     /// The limit the framework's allocator puts on itself on this GPU, if any.
     pub allocator_limit: Option<framework::AllocatorLimit>,
+    /// Why the job as written cannot run on this GPU whatever its memory (bf16 on a
+    /// GPU without bf16), with what to write instead.
+    pub unsupported: Option<String>,
 }
 
 impl Estimate {
@@ -211,6 +214,7 @@ fn estimate_profile(
     }
     let mut best = best.expect("there is always at least one stage");
     best.allocator_limit = job.allocator.limit(gpu);
+    best.unsupported = unsupported(job, gpu);
     Ok(best)
 }
 
@@ -282,6 +286,26 @@ fn estimate_stage(
         phases,
         gpu,
         allocator_limit: None,
+        unsupported: None,
+    })
+}
+
+/// bf16 needs compute capability 8.0 (Ampere) or newer: Volta and Turing have no bf16
+/// units, and Transformers' Trainer refuses `--bf16` there ("Your setup doesn't support
+/// bf16/gpu", `TrainingArguments.__post_init__`).
+pub fn unsupported(job: &ValidatedJob, gpu: &GpuProduct) -> Option<String> {
+    use crate::api::Precision;
+    use gpus::Architecture;
+    let bf16 = matches!(
+        job.spec.training.precision,
+        Precision::Bf16 | Precision::Bf16Mixed
+    );
+    let old = matches!(gpu.architecture, Architecture::Volta | Architecture::Turing);
+    (bf16 && old).then(|| {
+        format!(
+            "{} has no bf16 (it needs an Ampere or newer GPU, compute capability 8.0); write precision: fp16-mixed",
+            gpu.name
+        )
     })
 }
 

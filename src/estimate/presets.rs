@@ -378,6 +378,14 @@ pub const PRESETS: &[Preset] = &[
         published_parameters: 3_212_749_824,
         arch: Arch::llama(28, 3072, 24, 8, 128, 8192, 128256, true),
     },
+    // source: meta-llama/Llama-3.3-70B-Instruct/config.json (the Llama 3.1 70B shape)
+    Preset {
+        name: "llama-3.3-70b",
+        aliases: &["meta-llama/Llama-3.3-70B-Instruct", "llama3.3-70b"],
+        hf_id: "meta-llama/Llama-3.3-70B-Instruct",
+        published_parameters: 70_553_706_496,
+        arch: Arch::llama(80, 8192, 64, 8, 128, 28672, 128256, false),
+    },
     // ---- Mistral / Mixtral ----
     // source: mistralai/Mistral-7B-v0.1/config.json
     Preset {
@@ -520,6 +528,80 @@ pub const PRESETS: &[Preset] = &[
         published_parameters: 27_227_128_320,
         arch: gemma2(Arch::llama(46, 4608, 32, 16, 128, 36864, 256000, true)),
     },
+    // source: mistralai/Mistral-Nemo-Base-2407/config.json
+    Preset {
+        name: "mistral-nemo-12b",
+        aliases: &["mistralai/Mistral-Nemo-Base-2407", "mistral-nemo"],
+        hf_id: "mistralai/Mistral-Nemo-Base-2407",
+        // Model card: 12.2B.
+        published_parameters: 12_200_000_000,
+        arch: Arch::llama(40, 5120, 32, 8, 128, 14336, 131072, false),
+    },
+    // source: mistralai/Mistral-Small-24B-Base-2501/config.json
+    Preset {
+        name: "mistral-small-24b",
+        aliases: &["mistralai/Mistral-Small-24B-Base-2501", "mistral-small"],
+        hf_id: "mistralai/Mistral-Small-24B-Base-2501",
+        // The checkpoint's count on its Hugging Face page: 23.6B.
+        published_parameters: 23_600_000_000,
+        arch: Arch::llama(40, 5120, 32, 8, 128, 32768, 131072, false),
+    },
+    // ---- Qwen3 (no QKV bias; a norm on queries and keys, head_dim weights per layer, not counted) ----
+    // source: Qwen/Qwen3-4B/config.json
+    Preset {
+        name: "qwen3-4b",
+        aliases: &["Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Base"],
+        hf_id: "Qwen/Qwen3-4B",
+        // Model card: 4.0B.
+        published_parameters: 4_000_000_000,
+        arch: Arch::llama(36, 2560, 32, 8, 128, 9728, 151936, true),
+    },
+    // source: Qwen/Qwen3-8B/config.json
+    Preset {
+        name: "qwen3-8b",
+        aliases: &["Qwen/Qwen3-8B", "Qwen/Qwen3-8B-Base"],
+        hf_id: "Qwen/Qwen3-8B",
+        // Model card: 8.2B.
+        published_parameters: 8_200_000_000,
+        arch: Arch::llama(36, 4096, 32, 8, 128, 12288, 151936, false),
+    },
+    // source: Qwen/Qwen3-32B/config.json
+    Preset {
+        name: "qwen3-32b",
+        aliases: &["Qwen/Qwen3-32B"],
+        hf_id: "Qwen/Qwen3-32B",
+        // Model card: 32.8B.
+        published_parameters: 32_800_000_000,
+        arch: Arch::llama(64, 5120, 64, 8, 128, 25600, 151936, false),
+    },
+    // source: Qwen/Qwen3-30B-A3B/config.json (128 routed experts of width 768, 8 per token)
+    Preset {
+        name: "qwen3-30b-a3b",
+        aliases: &["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base"],
+        hf_id: "Qwen/Qwen3-30B-A3B",
+        // Model card: 30.5B in all, 3.3B activated.
+        published_parameters: 30_500_000_000,
+        arch: Arch {
+            experts: 128,
+            experts_per_token: 8,
+            ..Arch::llama(48, 2048, 32, 4, 128, 768, 151936, false)
+        },
+    },
+    // ---- Gemma 3 (text) ----
+    // source: google/gemma-3-1b-pt/config.json (model_type gemma3_text: Gemma 2's extra
+    // norms, no soft-capping, a query/key norm not counted; sliding-window layers hold
+    // the same weights)
+    Preset {
+        name: "gemma-3-1b",
+        aliases: &["google/gemma-3-1b-pt", "google/gemma-3-1b-it", "gemma3-1b"],
+        hf_id: "google/gemma-3-1b-pt",
+        // Model card: 1B.
+        published_parameters: 1_000_000_000,
+        arch: Arch {
+            post_norms: true,
+            ..Arch::llama(26, 1152, 4, 1, 256, 6912, 262144, true)
+        },
+    },
     // ---- Phi ----
     // source: microsoft/phi-1_5/config.json
     Preset {
@@ -550,6 +632,16 @@ pub const PRESETS: &[Preset] = &[
         hf_id: "microsoft/Phi-3-mini-4k-instruct",
         published_parameters: 3_821_079_552,
         arch: Arch::llama(32, 3072, 32, 32, 96, 8192, 32064, false),
+    },
+    // source: microsoft/phi-4/config.json (model_type phi3: fused qkv and gate_up
+    // projections, the same weights as separate ones)
+    Preset {
+        name: "phi-4",
+        aliases: &["microsoft/phi-4"],
+        hf_id: "microsoft/phi-4",
+        // Model card: 14B; the checkpoint's count on its Hugging Face page: 14.7B.
+        published_parameters: 14_700_000_000,
+        arch: Arch::llama(40, 5120, 40, 10, 128, 17920, 100352, false),
     },
     // ---- Falcon ----
     // source: tiiuae/falcon-7b/config.json

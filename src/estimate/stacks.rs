@@ -254,14 +254,14 @@ impl Profile {
                 self.frozen_units_stay_unsharded = false;
             }
         }
-        let fsdp_frozen = p.zero_stage == 3
+        let fsdp_frozen = p.zero() == 3
             && p.strategy == Strategy::Fsdp
             && t.mode != TrainingMode::Full
             && t.mode != TrainingMode::Inference;
         if !fsdp_frozen {
             self.frozen_units_stay_unsharded = false;
         }
-        if p.context_parallel <= 1 || p.zero_stage == 0 {
+        if p.context_parallel <= 1 || p.zero() == 0 {
             self.shards_over_context_parallel = false;
         }
         if t.global_batch_size.is_some() || t.mode == TrainingMode::Inference {

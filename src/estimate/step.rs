@@ -537,7 +537,7 @@ fn transformer_stage(
         } else {
             1.0
         };
-    let zero = p.zero_stage;
+    let zero = p.zero();
     let blocks = (arch.layers + arch.decoder_layers) as f64;
     let stage_blocks = (blocks / pp).ceil();
     let stage_share = stage_blocks / blocks.max(1.0);
@@ -1029,7 +1029,7 @@ fn sharded_states(
     let p = &job.spec.parallelism;
     let dp = job.data_parallel.max(1) as f64;
     let mut grads = trainable * r.grad;
-    if p.zero_stage >= 2 {
+    if p.zero() >= 2 {
         grads /= dp;
     }
     if matches!(
@@ -1039,7 +1039,7 @@ fn sharded_states(
         return (grads, 0.0, 0.0, 0.0);
     }
     let (oa, op, ot) = optimizer_bytes(job, profile, r, hidden);
-    let div = if p.zero_stage >= 1 { dp } else { 1.0 };
+    let div = if p.zero() >= 1 { dp } else { 1.0 };
     (
         grads,
         trainable * oa / div,
@@ -1059,7 +1059,7 @@ fn custom_stage(
     let (elem, mixed) = precision_bytes(t.precision);
     let r = recipe(job);
     let dp = job.data_parallel.max(1) as f64;
-    let zero = p.zero_stage;
+    let zero = p.zero();
     let b = t.micro_batch_size as f64;
     let inference = t.mode == TrainingMode::Inference;
     let trainable = match t.mode {
@@ -1123,7 +1123,7 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
     let (elem, mixed) = precision_bytes(t.precision);
     let r = recipe(job);
     let dp = job.data_parallel.max(1) as f64;
-    let zero = p.zero_stage;
+    let zero = p.zero();
     let b = t.micro_batch_size as f64;
     let inference = t.mode == TrainingMode::Inference;
     let params = stack.parameters as f64;

@@ -814,7 +814,10 @@ fn rank(f: &Failure) -> usize {
 
 async fn find_failure(ctx: &Context, ns: &str, tj_name: &str, attempt: u32) -> Option<Found> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let selector = format!("{JOB_LABEL}={tj_name},{ATTEMPT_LABEL}={attempt}");
+    let selector = format!(
+        "{JOB_LABEL}={},{ATTEMPT_LABEL}={attempt}",
+        render::label_value(tj_name)
+    );
     let list = match pods.list(&ListParams::default().labels(&selector)).await {
         Ok(l) => l,
         Err(error) => {
@@ -1203,7 +1206,7 @@ pub async fn run_controller(
             watcher::Config::default().labels(JOB_LABEL),
             |pod: Pod| {
                 let ns = pod.namespace()?;
-                let name = pod.labels().get(JOB_LABEL)?.clone();
+                let name = render::training_job_of(pod.meta())?;
                 Some(ObjectRef::<TrainingJob>::new(&name).within(&ns))
             },
         )

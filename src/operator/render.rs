@@ -36,8 +36,13 @@ use kube::{Resource, ResourceExt};
 use super::enum_name;
 use crate::api::{Framework, Placement, PlanStatus, TrainingJob};
 
-/// Label on the Job and its pods: the TrainingJob's name.
+/// Label on the Job and its pods: the TrainingJob's name, as [`label_value`] writes it
+/// (a name longer than a label value may be is cut, with a hash of the whole).
 pub const JOB_LABEL: &str = "vramguard.io/training-job";
+/// Annotation on the Job and its pods: the TrainingJob's name in full.
+pub const JOB_ANNOTATION: &str = "vramguard.io/training-job";
+/// Longest label value Kubernetes accepts.
+pub const MAX_LABEL_VALUE: usize = 63;
 /// Label on the Job and its pods: the attempt (0 first, +1 per OOM retry).
 pub const ATTEMPT_LABEL: &str = "vramguard.io/attempt";
 /// Kueue's queue label, copied from the TrainingJob.
@@ -52,22 +57,40 @@ const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// hash of the whole, so two long names stay apart) to leave room for an
 /// Indexed Job's pod hostnames (`<job>-<index>`, at most 63 characters).
 pub fn job_name(training_job: &str, attempt: u32) -> String {
-    const MAX_BASE: usize = 48;
-    let base = if training_job.len() <= MAX_BASE {
-        training_job.to_string()
-    } else {
-        let hash = super::fingerprint::fnv1a(training_job.as_bytes());
-        let mut cut = MAX_BASE - 9;
-        while !training_job.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        format!(
-            "{}-{:08x}",
-            training_job[..cut].trim_end_matches(['-', '.']),
-            hash as u32
-        )
-    };
-    format!("{base}-{attempt}")
+    format!("{}-{attempt}", shortened(training_job, 48))
+}
+
+/// `name` as a label value: itself when it fits, else cut and suffixed with a hash
+/// of the whole, the way Kubernetes controllers shorten generated names.
+pub fn label_value(name: &str) -> String {
+    shortened(name, MAX_LABEL_VALUE)
+}
+
+/// `name` in at most `max` bytes: a prefix (ending in an alphanumeric) and 8 hex
+/// digits of the whole name's hash, so two long names stay apart.
+fn shortened(name: &str, max: usize) -> String {
+    if name.len() <= max {
+        return name.to_string();
+    }
+    let hash = super::fingerprint::fnv1a(name.as_bytes());
+    let mut cut = max - 9;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}-{:08x}",
+        name[..cut].trim_end_matches(|c: char| !c.is_ascii_alphanumeric()),
+        hash as u32
+    )
+}
+
+/// The TrainingJob a Job or pod belongs to: the annotation's full name, else the label.
+pub fn training_job_of(meta: &ObjectMeta) -> Option<String> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(JOB_ANNOTATION))
+        .or_else(|| meta.labels.as_ref().and_then(|l| l.get(JOB_LABEL)))
+        .cloned()
 }
 
 /// What one attempt runs with: the decision recorded in status.
@@ -203,7 +226,7 @@ fn require_nodes(affinity: &mut Affinity, nodes: Vec<String>) {
 
 fn attempt_labels(tj: &TrainingJob, attempt: u32) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
-    labels.insert(JOB_LABEL.to_string(), tj.name_any());
+    labels.insert(JOB_LABEL.to_string(), label_value(&tj.name_any()));
     labels.insert(ATTEMPT_LABEL.to_string(), attempt.to_string());
     labels
 }
@@ -310,6 +333,9 @@ pub fn job(tj: &TrainingJob, spec: &AttemptSpec<'_>) -> Result<Job, String> {
     meta.labels
         .get_or_insert_with(BTreeMap::new)
         .extend(labels.clone());
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(JOB_ANNOTATION.to_string(), tj.name_any());
 
     let mut job_labels = labels;
     let queue = tj.labels().get(KUEUE_QUEUE_LABEL).cloned();
@@ -318,6 +344,7 @@ pub fn job(tj: &TrainingJob, spec: &AttemptSpec<'_>) -> Result<Job, String> {
     }
     let count = i32::try_from(nodes.len()).map_err(|_| "too many nodes".to_string())?;
     let mut annotations = BTreeMap::new();
+    annotations.insert(JOB_ANNOTATION.to_string(), tj.name_any());
     if !spec.plan.changes.is_empty() {
         annotations.insert(
             "vramguard.io/plan".to_string(),
@@ -329,7 +356,7 @@ pub fn job(tj: &TrainingJob, spec: &AttemptSpec<'_>) -> Result<Job, String> {
             name: Some(name),
             namespace: tj.namespace(),
             labels: Some(job_labels),
-            annotations: (!annotations.is_empty()).then_some(annotations),
+            annotations: Some(annotations),
             owner_references: Some(vec![owner(tj)?]),
             ..ObjectMeta::default()
         },

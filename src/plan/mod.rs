@@ -53,6 +53,8 @@ pub enum Binding {
     LargestBlock,
     /// Reserved bytes against the framework allocator's own limit.
     AllocatorLimit,
+    /// The GPU cannot run the job as written whatever its memory (bf16 before Ampere).
+    Unsupported,
 }
 
 /// The framework allocator's own limit, checked against the reserved bytes.
@@ -108,6 +110,9 @@ pub struct Verdict {
     /// The framework allocator's limit, when it has one (JAX, TensorFlow).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_limit: Option<AllocatorCheck>,
+    /// Why the GPU cannot run the job as written whatever its memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsupported: Option<String>,
 }
 
 /// Need with the safety margin, saturating (margin is validated to [0, 1)).
@@ -134,14 +139,21 @@ pub fn fit(
 
 /// Does the job of `est` fit `gpu`, its framework allocator's limit included?
 pub fn fit_estimate(est: &Estimate, safety_margin: f64, gpu: GpuView) -> Verdict {
-    fit_limited(
+    let mut v = fit_limited(
         est.status.fit_per_gpu_bytes(),
         est.status.largest_tensor_bytes,
         safety_margin,
         gpu,
         est.allocator_limit
             .map(|l| (est.status.fit_reserved_bytes(), l)),
-    )
+    );
+    if let Some(why) = &est.unsupported {
+        v.fits = false;
+        v.headroom_bytes = 0;
+        v.binding = Binding::Unsupported;
+        v.unsupported = Some(why.clone());
+    }
+    v
 }
 
 /// [`fit`], plus a limit the allocator puts on its reserved bytes.
@@ -206,6 +218,7 @@ pub fn fit_limited(
         largest_block_bytes: gpu.largest_block_bytes,
         binding,
         allocator_limit: check,
+        unsupported: None,
     }
 }
 

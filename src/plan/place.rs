@@ -241,6 +241,7 @@ fn place_job(
         job,
         representative(arch),
     ) {
+        Ok(e) if e.unsupported.is_some() => None,
         Ok(e) => Some(Need {
             per_gpu_bytes: scale_bytes(e.status.fit_per_gpu_bytes(), scale),
             largest_tensor_bytes: e.status.largest_tensor_bytes,

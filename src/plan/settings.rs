@@ -44,7 +44,7 @@ impl Settings {
             precision: t.precision,
             gradient_checkpointing: t.gradient_checkpointing,
             optimizer: t.optimizer,
-            zero_stage: job.spec.parallelism.zero_stage,
+            zero_stage: job.spec.parallelism.zero(),
             loss: t.loss,
         }
     }
@@ -57,7 +57,7 @@ impl Settings {
         t.gradient_checkpointing = self.gradient_checkpointing;
         t.optimizer = self.optimizer;
         t.loss = self.loss;
-        job.spec.parallelism.zero_stage = self.zero_stage;
+        job.spec.parallelism.zero_stage = Some(self.zero_stage);
         job.gradient_accumulation_steps = self.gradient_accumulation_steps;
     }
 

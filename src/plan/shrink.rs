@@ -141,7 +141,7 @@ fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
         precision: vec![t.precision],
         checkpointing: vec![t.gradient_checkpointing],
         optimizer: vec![t.optimizer],
-        zero_stage: vec![p.zero_stage],
+        zero_stage: vec![p.zero()],
         loss: vec![t.loss],
     };
     if allow.allows(AdjustableField::Precision)
@@ -183,7 +183,7 @@ fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
         } else {
             3
         };
-        o.zero_stage.extend((p.zero_stage + 1)..=max);
+        o.zero_stage.extend((p.zero() + 1)..=max);
     }
     if allow.allows(AdjustableField::Loss) && t.loss == Loss::Standard && job.head == Head::Lm {
         o.loss.push(Loss::Chunked);
@@ -193,7 +193,7 @@ fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
 
 fn combos(job: &ValidatedJob, o: &Options) -> Vec<Combo> {
     let t = &job.spec.training;
-    let written_zero = job.spec.parallelism.zero_stage;
+    let written_zero = job.spec.parallelism.zero();
     let mut out = Vec::with_capacity(
         o.precision.len()
             * o.checkpointing.len()

@@ -419,7 +419,7 @@ impl Cluster {
             }
         }
         let namespace = job.namespace().unwrap_or_default();
-        let Some(tj_name) = job.labels().get(JOB_LABEL).cloned() else {
+        let Some(tj_name) = crate::operator::render::training_job_of(&job.metadata) else {
             return;
         };
         let attempt: u32 = job
@@ -514,7 +514,10 @@ impl Cluster {
             .and_then(|m| m.labels.clone())
             .unwrap_or_default();
         labels.insert("job-name".into(), job_name.clone());
-        labels.insert(JOB_LABEL.into(), tj_name.clone());
+        labels.insert(
+            JOB_LABEL.into(),
+            crate::operator::render::label_value(&tj_name),
+        );
         labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
         let ts = self.clock.timestamp();
         for (pod, node) in &pods {
@@ -524,6 +527,13 @@ impl Cluster {
                     name: Some(name.clone()),
                     namespace: Some(namespace.clone()),
                     labels: Some(labels.clone()),
+                    annotations: Some(
+                        [(
+                            crate::operator::render::JOB_ANNOTATION.to_string(),
+                            tj_name.clone(),
+                        )]
+                        .into(),
+                    ),
                     owner_references: Some(vec![OwnerReference {
                         api_version: "batch/v1".into(),
                         kind: "Job".into(),
