@@ -173,7 +173,7 @@ fn bad_input_exits_2() {
         (
             "invalid spec",
             job("bad", "model: {preset: gpt2}\ntraining: {microBatchSize: 0}").into_bytes(),
-            "spec.training.microBatchSize: 0 is not allowed",
+            "spec.training.microBatchSize: 0 is out of range; use a value 1 or more",
         ),
         (
             "parameter count overflow",

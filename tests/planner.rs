@@ -162,7 +162,7 @@ fn a_job_that_fits_only_with_zero_3() {
 model: {preset: llama-3.1-8b}
 training: {mode: full, microBatchSize: 1, globalBatchSize: 8, sequenceLength: 2048,
            precision: bf16-mixed, gradientCheckpointing: full, attention: flash}
-parallelism: {gpus: 8, strategy: fsdp}
+parallelism: {gpus: 8, strategy: fsdp, zeroStage: 0}
 fitPolicy: {mode: Adjust, allow: [zeroStage]}
 ");
     let g = gpu("a100-40gb");
@@ -207,7 +207,7 @@ fn not_allowed_says_what_to_allow() {
 model: {preset: llama-3.1-8b}
 training: {mode: full, microBatchSize: 1, globalBatchSize: 8, sequenceLength: 2048,
            precision: bf16-mixed, gradientCheckpointing: full, attention: flash}
-parallelism: {gpus: 8, strategy: fsdp}
+parallelism: {gpus: 8, strategy: fsdp, zeroStage: 0}
 fitPolicy: {mode: Adjust, allow: [microBatchSize]}
 ");
     let g = gpu("a100-40gb");

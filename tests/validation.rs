@@ -72,13 +72,13 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "zero microBatchSize",
         "model: {preset: gpt2}\ntraining: {microBatchSize: 0}",
         "spec.training.microBatchSize",
-        &["0 is not allowed", "minimum is 1"],
+        &["0 is out of range", "use a value 1 or more"],
     ),
     (
         "negative sequenceLength",
         "model: {preset: gpt2}\ntraining: {sequenceLength: -5}",
         "spec.training.sequenceLength",
-        &["-5", "u64"],
+        &["-5 is out of range", "use a value 1 or more"],
     ),
     (
         "fractional microBatchSize",
@@ -90,7 +90,7 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "microBatchSize beyond u64",
         "model: {preset: gpt2}\ntraining: {microBatchSize: 18446744073709551616}",
         "spec.training.microBatchSize",
-        &["invalid"],
+        &["is too large", "largest whole number"],
     ),
     (
         "microBatchSize above the maximum",
@@ -114,7 +114,7 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "zero layers",
         "model:\n  transformer: {layers: 0, hiddenSize: 512, attentionHeads: 8, vocabSize: 1000}",
         "spec.model.transformer.layers",
-        &["0 is not allowed", "minimum is 1"],
+        &["0 is out of range", "use a value 1 or more"],
     ),
     (
         "hiddenSize above the maximum",
@@ -163,7 +163,7 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "LoRA rank 0",
         "model: {preset: gpt2}\ntraining:\n  mode: lora\n  lora: {rank: 0}",
         "spec.training.lora.rank",
-        &["0 is not allowed", "minimum is 1"],
+        &["0 is out of range", "use a value 1 or more"],
     ),
     (
         "unknown LoRA target",
@@ -201,19 +201,19 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "unknown field in training",
         "model: {preset: gpt2}\ntraining: {foo: 1}",
         "spec.training.foo",
-        &["unknown field `foo`"],
+        &["unknown field", "known fields here", "microBatchSize"],
     ),
     (
         "unknown field in the transformer",
         "model:\n  transformer: {layers: 2, hiddenSize: 512, attentionHeads: 8, vocabSize: 1000, hidden: 3}",
         "spec.model.transformer.hidden",
-        &["unknown field `hidden`"],
+        &["unknown field", "did you mean hiddenSize?"],
     ),
     (
         "missing required transformer dimension",
         "model:\n  transformer: {layers: 2, hiddenSize: 512, attentionHeads: 8}",
-        "spec.model.transformer",
-        &["missing field `vocabSize`"],
+        "spec.model.transformer.vocabSize",
+        &["missing; this field is required"],
     ),
     (
         "no model source",
@@ -249,7 +249,7 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "lora.alpha 1e30",
         "model: {preset: gpt2}\ntraining: {mode: lora, lora: {rank: 8, alpha: 1e30}}",
         "spec.training.lora.alpha",
-        &["1e30 is too large", "maximum is 65504"],
+        &["is too large", "maximum is 65504"],
     ),
     (
         "custom.parameters 0",
@@ -267,61 +267,61 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "custom.parameters .nan",
         "model:\n  custom: {parameters: .nan, activationBytesPerSample: 0}",
         "spec.model.custom.parameters",
-        &["\".nan\"", "f64"],
+        &["\".nan\" is not a number"],
     ),
     (
         "custom.parameters .inf",
         "model:\n  custom: {parameters: .inf, activationBytesPerSample: 0}",
         "spec.model.custom.parameters",
-        &["\".inf\"", "f64"],
+        &["\".inf\" is not a number"],
     ),
     (
         "trainableParameters -.inf",
         "model: {preset: gpt2}\ntraining: {mode: lora, trainableParameters: -.inf}",
         "spec.training.trainableParameters",
-        &["\"-.inf\"", "f64"],
+        &["\"-.inf\" is not a number"],
     ),
     (
         "safetyMargin .nan",
         "model: {preset: gpt2}\nfitPolicy: {safetyMargin: .nan}",
         "spec.fitPolicy.safetyMargin",
-        &["\".nan\"", "f64"],
+        &["\".nan\" is not a number"],
     ),
     (
         "LoRA alpha .inf",
         "model: {preset: gpt2}\ntraining:\n  mode: lora\n  lora: {alpha: .inf}",
         "spec.training.lora.alpha",
-        &["\".inf\"", "f64"],
+        &["\".inf\" is not a number"],
     ),
     (
         "a float literal that overflows to infinity",
         "model:\n  custom: {parameters: 1e999, activationBytesPerSample: 0}",
         "spec.model.custom.parameters",
-        &["\".inf\"", "f64"],
+        &["is not a number"],
     ),
     (
         "microBatchSize .nan",
         "model: {preset: gpt2}\ntraining: {microBatchSize: .nan}",
         "spec.training.microBatchSize",
-        &["\".nan\"", "u64"],
+        &["\".nan\" is not a whole number"],
     ),
     (
         "microBatchSize as a word",
         "model: {preset: gpt2}\ntraining: {microBatchSize: eight}",
         "spec.training.microBatchSize",
-        &["invalid type", "\"eight\"", "u64"],
+        &["\"eight\" is not a whole number"],
     ),
     (
         "quoted microBatchSize",
         "model: {preset: gpt2}\ntraining: {microBatchSize: \"8\"}",
         "spec.training.microBatchSize",
-        &["invalid type", "u64"],
+        &["\"8\" is text", "without quotes"],
     ),
     (
         "training as a number",
         "model: {preset: gpt2}\ntraining: 5",
         "spec.training",
-        &["invalid type: integer `5`", "TrainingSpec"],
+        &["5 is not a map of fields"],
     ),
     (
         "trainableParameters above the model size",
@@ -381,7 +381,7 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "zeroStage 4",
         "model: {preset: gpt2}\nparallelism: {zeroStage: 4}",
         "spec.parallelism.zeroStage",
-        &["4 is not a ZeRO stage", "0, 1, 2, 3"],
+        &["4 is out of range", "use a value from 0 to 3"],
     ),
     (
         "zeroStage beyond u8",
@@ -405,13 +405,13 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "safetyMargin 1.5",
         "model: {preset: gpt2}\nfitPolicy: {safetyMargin: 1.5}",
         "spec.fitPolicy.safetyMargin",
-        &["1.5 is not allowed", "[0, 1)"],
+        &["1.5 is out of range", "from 0 to 1"],
     ),
     (
         "negative safetyMargin",
         "model: {preset: gpt2}\nfitPolicy: {safetyMargin: -0.1}",
         "spec.fitPolicy.safetyMargin",
-        &["-0.1 is not allowed"],
+        &["-0.1 is out of range", "from 0 to 1"],
     ),
     (
         "unknown fit mode",
@@ -468,12 +468,14 @@ parallelism: {sequenceParallel: true}
 fitPolicy: {safetyMargin: 1.5}
 ";
     let errs = errors(&job(spec));
+    let mut got = paths(&errs);
+    got.sort_unstable();
     assert_eq!(
-        paths(&errs),
+        got,
         [
-            "spec.training.lora.rank",
-            "spec.parallelism.sequenceParallel",
             "spec.fitPolicy.safetyMargin",
+            "spec.parallelism.sequenceParallel",
+            "spec.training.lora.rank",
         ],
         "{errs:?}"
     );

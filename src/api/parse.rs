@@ -60,7 +60,7 @@ pub fn documents(text: &str) -> Result<Vec<Value>, ParseError> {
 /// is refused as too large, naming the limit, its value and what to do.
 fn limit_reached(e: &serde_saphyr::Error) -> Option<String> {
     use serde_saphyr::budget::BudgetBreach as B;
-    let serde_saphyr::Error::Budget { breach, .. } = e else {
+    let serde_saphyr::Error::Budget { breach, .. } = unwrapped(e) else {
         return None;
     };
     let (what, limit, fix) = match breach {
@@ -110,8 +110,18 @@ fn thousands(n: u64) -> String {
 }
 
 /// One line per problem, without source snippets or advice about the library's options.
+/// The error under the reader's snippet and alias wrappers.
+fn unwrapped(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    while let serde_saphyr::Error::WithSnippet { error, .. }
+    | serde_saphyr::Error::AliasError { error, .. } = e
+    {
+        e = error;
+    }
+    e
+}
+
 fn syntax_message(e: &serde_saphyr::Error) -> String {
-    if let serde_saphyr::Error::DuplicateMappingKey { key, location } = e {
+    if let serde_saphyr::Error::DuplicateMappingKey { key, location } = unwrapped(e) {
         let key = key
             .as_deref()
             .map(|k| format!("{k:?}"))
@@ -230,7 +240,20 @@ pub fn training_job(doc: Value) -> Result<TrainingJob, ParseError> {
             if found.is_empty() {
                 typed(v, "spec").map_err(|e| errs.push(e)).ok()
             } else {
+                // The rest of the spec, without the values the schema refused, still gets
+                // the validator's checks, so that one run reports every problem.
+                let rest =
+                    super::structural::repaired(&v, super::structural::training_job_spec_schema());
+                let more = typed::<TrainingJobSpec>(rest, "spec")
+                    .ok()
+                    .and_then(|spec| super::validate::validate(&spec).err())
+                    .map(|e| e.0)
+                    .unwrap_or_default();
+                let refused = |p: &str| found.iter().any(|f| p.starts_with(f.path.as_str()));
+                let more: Vec<FieldError> =
+                    more.into_iter().filter(|m| !refused(&m.path)).collect();
                 errs.extend(found);
+                errs.extend(more);
                 None
             }
         }

@@ -114,6 +114,75 @@ fn type_fits(value: &Value, t: &str) -> bool {
     }
 }
 
+/// `value` made to pass `schema` where it can, so that the validator can still check the
+/// rest of a spec the schema refused: numbers out of range are moved to the nearest bound,
+/// and fields of the wrong type, unknown fields and values outside an enum are taken out.
+pub fn repaired(value: &Value, schema: &Value) -> Value {
+    let mut v = value.clone();
+    repair(&mut v, schema, 0);
+    v
+}
+
+fn repair(value: &mut Value, schema: &Value, depth: usize) {
+    let Value::Object(s) = schema else { return };
+    if depth > MAX_DEPTH {
+        return;
+    }
+    if let Value::Object(map) = value {
+        let props = s.get("properties").and_then(Value::as_object);
+        let preserve = s.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+        let keys: Vec<String> = map.keys().cloned().collect();
+        for key in keys {
+            let field = props.and_then(|p| p.get(&key));
+            let Some(field) = field else {
+                if !preserve && s.get("additionalProperties").is_none() && props.is_some() {
+                    map.remove(&key);
+                }
+                continue;
+            };
+            let child = map.get_mut(&key).expect("the key was just listed");
+            if fits_type(child, field) {
+                clamp(child, field);
+                repair(child, field, depth + 1);
+            } else {
+                map.remove(&key);
+            }
+        }
+    }
+}
+
+fn fits_type(value: &Value, schema: &Value) -> bool {
+    if value.is_null() {
+        return schema.get("nullable") == Some(&Value::Bool(true));
+    }
+    let typed = schema
+        .get("type")
+        .and_then(Value::as_str)
+        .is_none_or(|t| type_fits(value, t));
+    let listed = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .is_none_or(|o| o.contains(value));
+    typed && listed
+}
+
+fn clamp(value: &mut Value, schema: &Value) {
+    let Some(x) = value.as_f64() else { return };
+    let lo = schema.get("minimum").and_then(Value::as_f64);
+    let hi = schema.get("maximum").and_then(Value::as_f64);
+    let y = match (lo, hi) {
+        (Some(l), _) if x < l => l,
+        (_, Some(h)) if x > h => h,
+        _ => return,
+    };
+    let integer = schema.get("type").and_then(Value::as_str) == Some("integer");
+    *value = if integer {
+        serde_json::json!(y as i64)
+    } else {
+        serde_json::json!(y)
+    };
+}
+
 /// What a boolean given for an on/off enum is written as.
 fn boolean_hint(value: &Value, options: &[Value]) -> String {
     let has = |v: &str| options.iter().any(|o| o == v);
@@ -193,6 +262,23 @@ fn walk(
                      (JSON is YAML), e.g. the whole of a Hugging Face config.json under this key",
                 shown(value)
             ),
+            _ if matches!(t.as_str(), "integer" | "number")
+                && value
+                    .as_str()
+                    .is_some_and(|v| v.trim().parse::<f64>().is_ok_and(f64::is_finite)) =>
+            {
+                format!("{} is text; write the number without quotes", shown(value))
+            }
+            _ if t == "integer"
+                && value
+                    .as_f64()
+                    .is_some_and(|x| x.fract() == 0.0 && x.abs() >= 1.8e19) =>
+            {
+                format!(
+                    "{} is too large; the largest whole number is 18446744073709551615",
+                    shown(value)
+                )
+            }
             _ => format!("{} is not {}", shown(value), type_words(t, format)),
         };
         push(errs, more, path, reason);

@@ -602,7 +602,11 @@ mod tests {
     fn find_is_case_insensitive() {
         assert_eq!(find("H100").unwrap().name, "h100-80gb");
         assert_eq!(find("h100-SXM").unwrap().name, "h100-80gb");
-        assert_eq!(find(" A100 ").unwrap().name, "a100-80gb");
+        assert_eq!(find(" A100-80GB ").unwrap().name, "a100-80gb");
+        // Two cards of different memory: not one of them silently.
+        assert!(find("a100").is_none());
+        assert_eq!(candidates(" A100 "), ["a100-80gb", "a100-40gb"]);
+        assert!(candidates("h900").is_empty());
         assert_eq!(find("MIG-1G.10GB").unwrap().name, "mig-1g.10gb");
         assert!(find("h100-mig-1g.10gb").unwrap().mig);
         assert!(find("no-such-gpu").is_none());
