@@ -60,9 +60,16 @@ fn tls_pair() -> (axum_server::tls_rustls::RustlsConfig, String) {
 /// Serve `router` over TLS on a free loopback port.
 async fn start(router: axum::Router, tls: axum_server::tls_rustls::RustlsConfig) -> SocketAddr {
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let limits = webhook::Limits::default();
+    let connections = webhook::Connections {
+        limits,
+        open: Default::default(),
+        refused: Default::default(),
+    };
     tokio::spawn(webhook::serve(
         "127.0.0.1:0".parse().expect("address"),
         router,
+        connections,
         tls,
         std::future::pending(),
         Duration::from_secs(1),

@@ -48,12 +48,14 @@ async fn start(limits: Limits) -> Server {
     let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let state = Arc::new(AppState::new(Arc::new(Static::new(cluster(), now))));
+    let connections = webhook::Connections::of(&state, limits);
     let router = webhook::router_with(state, limits);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(webhook::serve(
         "127.0.0.1:0".parse().unwrap(),
         router,
+        connections,
         rustls.clone(),
         async move {
             let _ = stop_rx.await;
@@ -72,6 +74,11 @@ async fn start(limits: Limits) -> Server {
 }
 
 fn connector(ca_pem: &str) -> TlsConnector {
+    connector_with_alpn(ca_pem, b"")
+}
+
+/// A client offering `alpn` (nothing when empty).
+fn connector_with_alpn(ca_pem: &str, alpn: &[u8]) -> TlsConnector {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = RootCertStore::empty();
@@ -84,6 +91,10 @@ fn connector(ca_pem: &str) -> TlsConnector {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let mut config = config;
+    if !alpn.is_empty() {
+        config.alpn_protocols = vec![alpn.to_vec()];
+    }
     TlsConnector::from(Arc::new(config))
 }
 
@@ -242,15 +253,151 @@ async fn get(server: &Server, path: &str) -> (u16, Vec<u8>) {
     )
 }
 
+/// How a test sends a body.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    /// HTTP/1.1 with content-length.
+    Http1,
+    /// HTTP/1.1 chunked, no length.
+    Http1Chunked,
+    /// HTTP/2 (ALPN h2) with content-length.
+    Http2,
+    /// HTTP/2 in 16 KiB DATA frames with no length.
+    Http2Streamed,
+}
+
+/// POST `body` to /validate the `how` way; the status and the body of the answer.
+async fn post_as(server: &Server, how: Via, body: Vec<u8>) -> (u16, Vec<u8>) {
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::{Full, StreamBody};
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let h2 = matches!(how, Via::Http2 | Via::Http2Streamed);
+    let connector = if h2 {
+        connector_with_alpn(&server.ca_pem, b"h2")
+    } else {
+        connector(&server.ca_pem)
+    };
+    let tls = connector.connect(name, tcp).await.unwrap();
+    if h2 {
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    }
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let body: BoxBody<Bytes, std::convert::Infallible> = match how {
+        Via::Http1 | Via::Http2 => Full::new(Bytes::from(body)).boxed(),
+        Via::Http1Chunked | Via::Http2Streamed => {
+            let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = body
+                .chunks(16 * 1024)
+                .map(|c| Ok(hyper::body::Frame::data(Bytes::copy_from_slice(c))))
+                .collect();
+            StreamBody::new(futures::stream::iter(frames)).boxed()
+        }
+    };
+    let mut req = hyper::Request::post("/validate")
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap();
+    let resp = if h2 {
+        *req.uri_mut() = "https://localhost/validate".parse().unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    } else {
+        req.headers_mut()
+            .insert("host", hyper::header::HeaderValue::from_static("localhost"));
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    };
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, bytes)
+}
+
+/// A review of `examples/admission/create-fits.json` padded with spaces to `len` bytes.
+fn padded_review(len: usize) -> Vec<u8> {
+    let mut body = review_file("create-fits.json");
+    let end = body.iter().rposition(|&b| b == b'}').unwrap();
+    body.truncate(end);
+    body.resize(len - 1, b' ');
+    body.push(b'}');
+    body
+}
+
 #[tokio::test]
-async fn oversized_body_is_413() {
+async fn a_body_over_the_limit_is_denied_with_the_reason_over_http1_and_http2() {
     let server = start(Limits {
         body_bytes: 1024,
         timeout: Duration::from_secs(5),
+        ..Limits::default()
     })
     .await;
-    let (status, _) = post(&server, "/validate", vec![b' '; 4096]).await;
-    assert_eq!(status, 413);
+    let uid = serde_json::from_slice::<Value>(&review_file("create-fits.json")).unwrap()["request"]
+        ["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for how in [
+        Via::Http1,
+        Via::Http1Chunked,
+        Via::Http2,
+        Via::Http2Streamed,
+    ] {
+        for (body, uid) in [
+            (padded_review(200_000), uid.as_str()),
+            (vec![b' '; 4096], ""),
+        ] {
+            let (status, answer) = post_as(&server, how, body).await;
+            let text = String::from_utf8_lossy(&answer);
+            assert_eq!(status, 200, "{how:?}: {text}");
+            let v: Value = serde_json::from_slice(&answer).expect("an AdmissionReview");
+            assert_eq!(v["kind"], "AdmissionReview", "{how:?}");
+            assert_eq!(v["apiVersion"], "admission.k8s.io/v1", "{how:?}");
+            let r = &v["response"];
+            assert_eq!(r["uid"], uid, "{how:?}: {text}");
+            assert_eq!(r["allowed"], false, "{how:?}");
+            assert_eq!(r["status"]["code"], 413, "{how:?}");
+            assert_eq!(r["status"]["reason"], "RequestEntityTooLarge", "{how:?}");
+            let message = r["status"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("limit of 1024 bytes"),
+                "{how:?}: {message}"
+            );
+            assert_eq!(
+                message.contains("uid could not be read"),
+                uid.is_empty(),
+                "{how:?}: {message}"
+            );
+        }
+    }
+    stop(server).await;
+}
+
+/// docs/DESIGN.md promises 4 MiB: a review of 3 MiB is judged, over either protocol.
+#[tokio::test]
+async fn a_review_under_the_documented_limit_is_judged() {
+    assert_eq!(webhook::server::MAX_BODY_BYTES, 4 << 20);
+    let server = start(Limits::default()).await;
+    for how in [
+        Via::Http1,
+        Via::Http1Chunked,
+        Via::Http2,
+        Via::Http2Streamed,
+    ] {
+        let (status, answer) = post_as(&server, how, padded_review(3 << 20)).await;
+        assert_eq!(status, 200, "{how:?}: {}", String::from_utf8_lossy(&answer));
+        let v: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["response"]["allowed"], true, "{how:?}: {v}");
+    }
     stop(server).await;
 }
 
@@ -259,6 +406,7 @@ async fn a_body_that_never_finishes_times_out() {
     let server = start(Limits {
         body_bytes: 1 << 20,
         timeout: Duration::from_millis(300),
+        ..Limits::default()
     })
     .await;
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();

@@ -2,9 +2,15 @@
 //! time: while clients send well-formed reviews, others send malformed and
 //! truncated JSON, the wrong apiVersion or kind, reviews without a uid,
 //! oversized and slow bodies, half request heads, and TLS handshakes that
-//! never finish. Every well-formed review is answered with its uid, the rest
-//! get a 4xx or are dropped at the handshake and head timeouts, and the
-//! server keeps serving. Run with `--nocapture` to see the figures.
+//! never finish. Every well-formed review is answered with its uid, an
+//! oversized one is denied in an AdmissionReview, the rest get a 4xx or are
+//! dropped at the handshake and head timeouts, and the server keeps serving.
+//! A second server takes 80 clients sending their bodies a byte a second
+//! (health, metrics and reviews are still answered at once), connections that
+//! finish their handshake and then idle (closed at the idle timeout), and four
+//! times as many connections as its cap (the rest refused, the count in
+//! `/metrics`, memory under the chart's limit). Run with `--nocapture` to see
+//! the figures.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::Value;
@@ -21,7 +28,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use vramguard::inventory::Static;
-use vramguard::webhook::server::{HANDSHAKE_TIMEOUT, MAX_BODY_BYTES};
+use vramguard::webhook::server::{HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_BODY_BYTES};
 use vramguard::webhook::{self, AppState, Limits, tls};
 
 /// How long a request (body included) may take in this test.
@@ -35,6 +42,8 @@ const STALLED_HANDSHAKES: usize = 200;
 struct Server {
     addr: SocketAddr,
     connector: TlsConnector,
+    /// What `dial` connects with.
+    dialer: Dialer,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -44,6 +53,15 @@ fn example(path: &str) -> Vec<u8> {
 }
 
 async fn start() -> Server {
+    start_with(Limits {
+        body_bytes: MAX_BODY_BYTES,
+        timeout: REQUEST_TIMEOUT,
+        ..Limits::default()
+    })
+    .await
+}
+
+async fn start_with(limits: Limits) -> Server {
     let pair = tls::self_signed(&["localhost".into()]).expect("a self-signed pair");
     let config = tls::server_config_from_pem(
         pair.cert_pem.as_bytes(),
@@ -60,15 +78,13 @@ async fn start() -> Server {
         .collect();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let state = Arc::new(AppState::new(Arc::new(Static::new(nodes, now))));
-    let limits = Limits {
-        body_bytes: MAX_BODY_BYTES,
-        timeout: REQUEST_TIMEOUT,
-    };
+    let connections = webhook::Connections::of(&state, limits);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(webhook::serve(
         "127.0.0.1:0".parse().expect("an address"),
         webhook::router_with(state, limits),
+        connections,
         axum_server::tls_rustls::RustlsConfig::from_config(config),
         async move {
             let _ = stopped.await;
@@ -91,7 +107,11 @@ async fn start() -> Server {
             .with_no_client_auth();
     Server {
         addr,
-        connector: TlsConnector::from(Arc::new(client)),
+        connector: TlsConnector::from(Arc::new(client.clone())),
+        dialer: Dialer {
+            addr,
+            client: Arc::new(client),
+        },
         stop,
         task,
     }
@@ -105,6 +125,29 @@ async fn connect(server: &Server) -> TlsStream<TcpStream> {
         .connect(name, tcp)
         .await
         .expect("handshake")
+}
+
+/// Opens TLS connections to a server from any task.
+#[derive(Clone)]
+struct Dialer {
+    addr: SocketAddr,
+    client: Arc<ClientConfig>,
+}
+
+impl Dialer {
+    /// A TLS connection offering `alpn` (none when empty); an error when the
+    /// server closes it before the handshake ends.
+    async fn dial(&self, alpn: &[u8]) -> std::io::Result<TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+        let mut client = (*self.client).clone();
+        if !alpn.is_empty() {
+            client.alpn_protocols = vec![alpn.to_vec()];
+        }
+        TlsConnector::from(Arc::new(client))
+            .connect(name, tcp)
+            .await
+    }
 }
 
 /// Write `head` and `body` as one request on a fresh connection while reading
@@ -373,8 +416,8 @@ async fn the_webhook_keeps_serving_under_abuse() {
     );
     for (class, statuses) in &by_class {
         let expected: &[u16] = match *class {
-            "well-formed" => &[200],
-            "oversized" | "oversized chunked" => &[413],
+            // Denied in an AdmissionReview with code 413 (tests/webhook.rs reads it).
+            "well-formed" | "oversized" | "oversized chunked" => &[200],
             "slow body" => &[408],
             // Dropped without an answer once the head timeout passes.
             "half head" => &[0, 408],
@@ -390,6 +433,337 @@ async fn the_webhook_keeps_serving_under_abuse() {
     // Bodies in memory are bounded by the concurrency limit times the body limit;
     // the whole test process (clients included) stays far below that.
     assert!(peak < 1024, "peak RSS {peak} MiB");
+    let _ = server.stop.send(());
+    server.task.await.expect("the server task").expect("serve");
+}
+
+/// Clients holding a body open, a byte a second.
+const SLOW_BODIES: usize = 80;
+
+/// The memory limit of the controller (webhook and operator) in the chart, in MiB.
+fn chart_memory_limit_mib() -> u64 {
+    let values = String::from_utf8(example("charts/vramguard/values.yaml")).expect("UTF-8");
+    values
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("limits: {memory: "))
+        .and_then(|v| v.strip_suffix("Mi}"))
+        .and_then(|v| v.parse().ok())
+        .expect("the controller's memory limit in MiB")
+}
+
+/// A GET on a fresh HTTP/1.1 connection: the status, the body, and the time
+/// from connecting to the last byte of the answer.
+async fn timed_get(dialer: &Dialer, path: &str) -> std::io::Result<(u16, String, Duration)> {
+    let started = Instant::now();
+    let tls = dialer.dial(b"").await?;
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .expect("a request");
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(std::io::Error::other)?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    Ok((
+        status,
+        String::from_utf8_lossy(&body).into_owned(),
+        started.elapsed(),
+    ))
+}
+
+/// The value of an unlabelled metric in `/metrics` text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+}
+
+/// A review whose body comes a byte a second and never ends: its status (0 when
+/// the server closed without one) and when that came.
+async fn slow_body(dialer: Dialer) -> (u16, Duration) {
+    let started = Instant::now();
+    let tls = dialer.dial(b"").await.expect("connects");
+    let (mut rd, mut wr) = tokio::io::split(tls);
+    let writer = tokio::spawn(async move {
+        let head = format!("{}{{", post_head(1000));
+        if wr.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        loop {
+            if wr.flush().await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if wr.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    });
+    let status = status_of(&mut rd, Duration::from_secs(30)).await;
+    writer.abort();
+    (status, started.elapsed())
+}
+
+/// How long until the server closes `stream` (sending nothing), if within `within`.
+async fn closed_within<R: AsyncRead + Unpin>(stream: &mut R, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// One GET over a connection speaking `alpn`, then idle: how long after the
+/// answer the server closed it, if within `within`.
+async fn idle_after_a_request(dialer: &Dialer, alpn: &[u8], within: Duration) -> Option<Duration> {
+    let io = hyper_util::rt::TokioIo::new(dialer.dial(alpn).await.expect("connects"));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let status = if alpn == b"h2" {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .expect("HTTP/2 handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+            let _ = done_tx.send(Instant::now());
+        });
+        let req = hyper::Request::get("https://localhost/healthz")
+            .body(Full::new(Bytes::new()))
+            .expect("a request");
+        let status = sender.send_request(req).await.expect("an answer").status();
+        // The client keeps the connection while it holds a sender.
+        (status, Box::new(sender) as Box<dyn std::any::Any + Send>)
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .expect("HTTP/1 handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+            let _ = done_tx.send(Instant::now());
+        });
+        let req = hyper::Request::get("/healthz")
+            .header("host", "localhost")
+            .body(Full::new(Bytes::new()))
+            .expect("a request");
+        let status = sender.send_request(req).await.expect("an answer").status();
+        (status, Box::new(sender) as Box<dyn std::any::Any + Send>)
+    };
+    let (status, _sender) = status;
+    assert_eq!(status, 200);
+    let answered = Instant::now();
+    tokio::time::timeout(within, done_rx)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|closed| closed - answered)
+}
+
+#[test]
+fn the_default_idle_timeout_is_at_most_a_minute() {
+    assert!(IDLE_TIMEOUT <= Duration::from_secs(60), "{IDLE_TIMEOUT:?}");
+    assert_eq!(Limits::default().idle_timeout, IDLE_TIMEOUT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_and_idle_connections_do_not_hold_the_webhook() {
+    let timeout = Duration::from_secs(3);
+    let idle = Duration::from_secs(2);
+    let server = start_with(Limits {
+        timeout,
+        idle_timeout: idle,
+        ..Limits::default()
+    })
+    .await;
+    let template: Value =
+        serde_json::from_slice(&example("examples/admission/create-fits.json")).expect("JSON");
+    let good = serde_json::to_vec(&template).expect("JSON");
+
+    // Slow bodies: more clients than reviews judged at once.
+    let slow: Vec<_> = (0..SLOW_BODIES)
+        .map(|_| tokio::spawn(slow_body(server.dialer.clone())))
+        .collect();
+    // Every slow client has sent its head and a byte.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (health, _, health_took) = timed_get(&server.dialer, "/healthz")
+        .await
+        .expect("/healthz");
+    let (metrics_status, metrics_text, metrics_took) = timed_get(&server.dialer, "/metrics")
+        .await
+        .expect("/metrics");
+    let review_started = Instant::now();
+    let review = raw(&server, &post_head(good.len()), &good).await;
+    let review_took = review_started.elapsed();
+    let open_then = metric(&metrics_text, "vramguard_connections_open");
+    let mut slow_statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut slow_longest = Duration::ZERO;
+    let mut slow_shortest = Duration::MAX;
+    for t in slow {
+        let (status, took) = t.await.expect("a slow client");
+        *slow_statuses.entry(status).or_default() += 1;
+        slow_longest = slow_longest.max(took);
+        slow_shortest = slow_shortest.min(took);
+    }
+    eprintln!(
+        "slow bodies: {SLOW_BODIES} clients sending a byte a second; /healthz answered in \
+         {:.0} ms, /metrics in {:.0} ms ({open_then} connections open), a review in {:.0} ms; \
+         the slow bodies ended after {:.1} to {:.1} s (request timeout {:.0} s): {slow_statuses:?}",
+        health_took.as_secs_f64() * 1e3,
+        metrics_took.as_secs_f64() * 1e3,
+        review_took.as_secs_f64() * 1e3,
+        slow_shortest.as_secs_f64(),
+        slow_longest.as_secs_f64(),
+        timeout.as_secs_f64(),
+    );
+    assert_eq!((health, metrics_status, review), (200, 200, 200));
+    for took in [health_took, metrics_took, review_took] {
+        assert!(took < Duration::from_secs(1), "{took:?} under slow bodies");
+    }
+    assert!(open_then > SLOW_BODIES as f64, "{open_then} open");
+    // One deadline for the whole body, however steadily its bytes come: a 408,
+    // or a close when the answer is lost to the bytes still coming.
+    for status in slow_statuses.keys() {
+        assert!([408, 0].contains(status), "slow body: {slow_statuses:?}");
+    }
+    assert!(
+        slow_shortest >= timeout - Duration::from_millis(500),
+        "{slow_shortest:?}"
+    );
+    assert!(
+        slow_longest <= timeout + Duration::from_secs(2),
+        "{slow_longest:?}"
+    );
+
+    // Idle connections: handshake done, nothing sent (no ALPN, h2, http/1.1),
+    // and keep-alive connections idle after one request.
+    let within = idle + Duration::from_secs(3);
+    let mut idle_closed = Vec::new();
+    for alpn in [&b""[..], b"h2", b"http/1.1"] {
+        let mut tls = server.dialer.dial(alpn).await.expect("connects");
+        let took = closed_within(&mut tls, within).await;
+        idle_closed.push((
+            String::from_utf8_lossy(alpn).into_owned(),
+            "nothing sent",
+            took,
+        ));
+    }
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let took = idle_after_a_request(&server.dialer, alpn, within).await;
+        idle_closed.push((
+            String::from_utf8_lossy(alpn).into_owned(),
+            "after a request",
+            took,
+        ));
+    }
+    for (alpn, how, took) in &idle_closed {
+        eprintln!(
+            "idle: ALPN {alpn:?}, {how}: closed after {} (idle timeout {:.0} s)",
+            took.map_or("never".into(), |t| format!("{:.2} s", t.as_secs_f64())),
+            idle.as_secs_f64()
+        );
+        let took = took.unwrap_or_else(|| panic!("{alpn:?} {how}: not closed within {within:?}"));
+        assert!(
+            took >= idle - Duration::from_millis(300),
+            "{alpn:?} {how}: {took:?}"
+        );
+        assert!(
+            took <= idle + Duration::from_secs(1),
+            "{alpn:?} {how}: {took:?}"
+        );
+    }
+    let _ = server.stop.send(());
+    server.task.await.expect("the server task").expect("serve");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_are_capped_and_counted() {
+    let limits = Limits::default();
+    let cap = limits.max_connections;
+    let attempts = 4 * cap;
+    let server = start_with(limits).await;
+    let started = Instant::now();
+    let dialer = server.dialer.clone();
+    let outcomes: Vec<Option<TlsStream<TcpStream>>> = futures::stream::iter(0..attempts)
+        .map(|_| {
+            let dialer = dialer.clone();
+            async move { dialer.dial(b"").await.ok() }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    let mut open: Vec<_> = outcomes.into_iter().flatten().collect();
+    let established = open.len();
+    // With one of ours gone, its place serves /metrics.
+    drop(open.pop());
+    let mut read = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while read.is_none() && Instant::now() < deadline {
+        match timed_get(&dialer, "/metrics").await {
+            Ok((200, text, _)) => read = Some(text),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let text = read.expect("/metrics once a connection is free");
+    let counted = metric(&text, "vramguard_connections_open");
+    let refused = metric(&text, "vramguard_connections_refused_total");
+    // Each then starts a 4 MiB review and sends its first 256 KiB: the server
+    // holds what its body memory and read buffers allow, the rest waits in the
+    // sockets.
+    let head = post_head(MAX_BODY_BYTES);
+    let part = vec![b' '; 256 * 1024];
+    let open: Vec<_> = futures::stream::iter(open)
+        .map(|mut tls| {
+            let (head, part) = (head.clone(), part.clone());
+            async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    tls.write_all(head.as_bytes()).await?;
+                    tls.write_all(&part).await?;
+                    tls.flush().await
+                })
+                .await;
+                tls
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (peak, now) = memory_mib();
+    let limit = chart_memory_limit_mib();
+    eprintln!(
+        "connections: {attempts} attempted in {:.1} s, {established} established (cap {cap}), \
+         each then sending 256 KiB of a 4 MiB body; /metrics: {counted} open, {refused} \
+         refused; peak RSS of the test process (server and \
+         clients, with the other tests) {peak} MiB (now {now} MiB), chart limit {limit} MiB",
+        took.as_secs_f64()
+    );
+    assert_eq!(established, cap);
+    assert_eq!(counted, cap as f64);
+    assert!(refused >= (attempts - cap) as f64, "{refused} refused");
+    assert!(
+        peak < limit,
+        "peak RSS {peak} MiB over the chart's {limit} MiB"
+    );
+    drop(open);
     let _ = server.stop.send(());
     server.task.await.expect("the server task").expect("serve");
 }

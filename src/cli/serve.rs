@@ -193,7 +193,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         state.clone(),
         Duration::from_secs(SUMMARY_SECS),
     ));
-    let router = webhook::router(state);
+    let limits = webhook::Limits::default();
+    let connections = webhook::Connections::of(&state, limits);
+    let router = webhook::router_with(state, limits);
     tracing::info!(%listen, "serving admission reviews");
     let reload_config = rustls.clone();
     let reload = async move {
@@ -208,6 +210,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let server = webhook::serve(
         listen,
         router,
+        connections,
         rustls,
         super::shutdown_signal("shutting down: finishing in-flight reviews"),
         Duration::from_secs(drain_secs),

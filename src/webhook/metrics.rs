@@ -1,5 +1,6 @@
 //! Prometheus metrics of the webhook (prefix `vramguard`): reviews by verdict
-//! and reason (bounded labels), review latency, inventory age.
+//! and reason (bounded labels), review latency, inventory age, open and
+//! refused connections.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -33,6 +34,8 @@ pub enum Reason {
     NotJudged,
     /// The review itself could not be read.
     Malformed,
+    /// The body was over the limit.
+    TooLarge,
     /// The cluster reports no GPUs.
     NoInventory,
 }
@@ -49,6 +52,10 @@ pub struct Metrics {
     pub reviews: Family<ReviewLabels, Counter>,
     pub latency: Histogram,
     pub inventory_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// TLS connections open now (handshakes under way included).
+    pub connections: Gauge,
+    /// Connections closed at once because `connections` was at the cap.
+    pub refused: Counter,
 }
 
 impl Metrics {
@@ -60,6 +67,8 @@ impl Metrics {
                 0.00005, 2.0, 15,
             )),
             inventory_age: Gauge::default(),
+            connections: Gauge::default(),
+            refused: Counter::default(),
         };
         registry.register(
             "reviews",
@@ -75,6 +84,16 @@ impl Metrics {
             "inventory_age_seconds",
             "Seconds since the GPU inventory was last refreshed",
             m.inventory_age.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Connections to the webhook open now, TLS handshakes under way included",
+            m.connections.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Connections closed at once because the open ones were at the cap",
+            m.refused.clone(),
         );
         m
     }

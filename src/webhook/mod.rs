@@ -4,9 +4,11 @@
 
 pub mod cache;
 pub mod decide;
+pub mod listen;
 pub mod metrics;
 pub mod review;
 pub mod server;
 pub mod tls;
 
-pub use server::{AppState, Limits, Totals, log_summaries, router, router_with, serve};
+pub use listen::{Connections, serve};
+pub use server::{AppState, Limits, Totals, log_summaries, router, router_with};

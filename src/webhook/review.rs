@@ -378,13 +378,70 @@ pub struct Response<'a> {
     pub warnings: &'a [String],
 }
 
+/// The `request.uid` of a review from the first bytes of its body, which may
+/// stop anywhere (a body over the limit is read only so far): `None` when those
+/// bytes end (or go wrong) before the uid. Every other value is skipped unread.
+pub fn uid_in_prefix(prefix: &[u8]) -> Option<String> {
+    /// Stops the reading with an error once the uid is found.
+    const FOUND: &str = "uid found";
+    struct Top<'u>(&'u mut Option<String>);
+    struct Request<'u>(&'u mut Option<String>);
+    impl<'de> DeserializeSeed<'de> for Top<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Top<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an AdmissionReview")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if key == "request" {
+                    map.next_value_seed(Request(&mut *self.0))?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Request<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Request<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an AdmissionRequest")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if key == "uid" {
+                    *self.0 = Some(map.next_value::<String>()?);
+                    return Err(de::Error::custom(FOUND));
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut uid = None;
+    let _ = Top(&mut uid).deserialize(&mut serde_json::Deserializer::from_slice(prefix));
+    uid
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::core::DynamicObject;
     use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
-    const FITS: &str = include_str!("../../examples/admission/create-fits.json");
+    pub(super) const FITS: &str = include_str!("../../examples/admission/create-fits.json");
 
     #[test]
     fn reads_what_the_decision_needs() {
@@ -610,5 +667,32 @@ mod job_tests {
             let (fast, slow) = both(&review.to_string());
             assert_eq!(fast.unwrap()[0], *slow[0].as_ref().unwrap());
         }
+    }
+
+    #[test]
+    fn the_uid_is_read_from_a_body_cut_anywhere_after_it() {
+        let uid = "1f8e7a10-0001-4c1a-9c1e-000000000001";
+        let at = super::tests::FITS.find(uid).unwrap() + uid.len() + 1;
+        for cut in at..super::tests::FITS.len() {
+            assert_eq!(
+                uid_in_prefix(&super::tests::FITS.as_bytes()[..cut]).as_deref(),
+                Some(uid),
+                "{cut}"
+            );
+        }
+        for cut in 0..at {
+            assert_eq!(
+                uid_in_prefix(&super::tests::FITS.as_bytes()[..cut]),
+                None,
+                "{cut}"
+            );
+        }
+        // The object's own uid, or one outside `request`, is not the review's.
+        let elsewhere = r#"{"uid":"a","request":{"object":{"metadata":{"uid":"b"}},"uid":"c"#;
+        assert_eq!(uid_in_prefix(elsewhere.as_bytes()), None);
+        let after = r#"{"uid":"a","request":{"object":{"metadata":{"uid":"b"}},"uid":"c","#;
+        assert_eq!(uid_in_prefix(after.as_bytes()).as_deref(), Some("c"));
+        assert_eq!(uid_in_prefix(b"     "), None);
+        assert_eq!(uid_in_prefix(b"[{\"request\":{\"uid\":\"x\"}}]"), None);
     }
 }

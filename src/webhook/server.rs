@@ -2,22 +2,21 @@
 //! which binds TLS, reloads certificates and drains in-flight reviews on
 //! shutdown.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use http_body_util::BodyExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::Status;
 use prometheus_client::registry::Registry;
-use tower::limit::GlobalConcurrencyLimitLayer;
-use tower_http::limit::RequestBodyLimitLayer;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tower_http::timeout::TimeoutLayer;
 
 use super::cache::{self, Cache};
@@ -29,14 +28,26 @@ use crate::inventory::Source;
 /// Largest AdmissionReview body accepted (the API server caps objects at 1.5 MiB; reviews
 /// carry the object and the old object).
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
-/// Longest a request may take, body included (the API server's default webhook timeout is 10 s).
+/// Longest a request may take, body included (the API server's default webhook timeout is
+/// 10 s): one deadline for the whole body, however slowly its bytes come.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Reviews judged at once; more wait (within `REQUEST_TIMEOUT`) before their body is read,
-/// so bodies in memory stay under this many times `MAX_BODY_BYTES`.
+/// Reviews judged at once; more wait (within `REQUEST_TIMEOUT`) once their body has arrived.
+/// Bodies still arriving do not count, and `/healthz`, `/readyz` and `/metrics` never wait.
 pub const MAX_IN_FLIGHT: usize = 64;
-/// Longest a client may take over its TLS handshake, and over a request's head (also the
-/// longest an idle keep-alive connection is kept): a client that stalls there is dropped.
+/// Bytes of review bodies held at once, over every connection: a body takes its share
+/// as its bytes arrive and gives it back with the answer; one that finds none left is
+/// answered 503 at once.
+pub const BODY_MEMORY_BYTES: usize = 8 * MAX_BODY_BYTES;
+/// Of a body over the limit, the first bytes kept to find the review's uid in.
+pub const UID_PREFIX_BYTES: usize = 64 * 1024;
+/// Longest a client may take over its TLS handshake, and over a request's head: a client
+/// that stalls there is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection is kept open with no request in flight, HTTP/1.1 keep-alive and
+/// HTTP/2 alike (an HTTP/2 client is sent GOAWAY; a ping does not count as a request).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections open at once (per process); one more is closed as soon as it is accepted.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// Shared state of every handler: the inventory, metrics, and the judgements
 /// of specs already reviewed.
@@ -78,11 +89,17 @@ impl AppState {
     }
 }
 
-/// Bounds on one request.
+/// Bounds on requests and connections.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
+    /// Largest body of a review; a larger one is denied with the reason.
     pub body_bytes: usize,
+    /// Longest a request may take, the arrival of its body included.
     pub timeout: Duration,
+    /// Longest a connection is kept with no request in flight.
+    pub idle_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -90,8 +107,18 @@ impl Default for Limits {
         Limits {
             body_bytes: MAX_BODY_BYTES,
             timeout: REQUEST_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
         }
     }
+}
+
+/// What `/validate` shares between requests: the limits, the reviews being
+/// judged and the body bytes held.
+struct Gate {
+    limits: Limits,
+    judging: Semaphore,
+    body_memory: Semaphore,
 }
 
 /// The webhook's routes with the default body limit and request timeout.
@@ -99,15 +126,24 @@ pub fn router(state: Arc<AppState>) -> Router {
     router_with(state, Limits::default())
 }
 
-/// The webhook's routes with the given limits.
+/// The webhook's routes with the given limits. Only `/validate` counts against
+/// the review limit, and only once its body has arrived.
 pub fn router_with(state: Arc<AppState>, limits: Limits) -> Router {
+    let gate = Arc::new(Gate {
+        limits,
+        judging: Semaphore::new(MAX_IN_FLIGHT),
+        // A body at the limit must always fit.
+        body_memory: Semaphore::new(BODY_MEMORY_BYTES.max(limits.body_bytes)),
+    });
+    let validate = move |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| {
+        let gate = gate.clone();
+        async move { validate(&state, &gate, &headers, body).await }
+    };
     Router::new()
         .route("/validate", post(validate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .layer(RequestBodyLimitLayer::new(limits.body_bytes))
-        .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.timeout,
@@ -139,17 +175,147 @@ fn invalid(message: String) -> Response {
     json(StatusCode::BAD_REQUEST, &answer)
 }
 
-async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+/// A body as it came, or why it did not.
+enum Received<'g> {
+    Whole(Vec<u8>, Option<SemaphorePermit<'g>>),
+    /// Over the limit: its first bytes (to find the uid in) and the length it declared.
+    TooLarge(Vec<u8>, Option<u64>),
+    Failed(String),
+    /// The body memory is taken by other bodies.
+    Busy,
+}
+
+/// Read a body of at most `limits.body_bytes`, taking its share of the body
+/// memory as it arrives (none left: `Busy` at once, rather than a wait that
+/// would not see the client leave). A body over the limit keeps only its first bytes and
+/// the rest is read and dropped (so the answer is not lost to a reset), within
+/// half the request timeout and four times the limit.
+async fn receive<'g>(gate: &'g Gate, headers: &HeaderMap, mut body: Body) -> Received<'g> {
+    let limit = gate.limits.body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let over = declared.is_some_and(|n| n > limit as u64);
+    let keep = if over {
+        UID_PREFIX_BYTES.min(limit)
+    } else {
+        limit
+    };
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut held: Option<SemaphorePermit<'g>> = None;
+    let mut too_large = over;
+    while let Some(frame) = body.frame().await {
+        let data = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue,
+            },
+            Err(e) => return Received::Failed(e.to_string()),
+        };
+        let take = data.len().min(keep - bytes.len());
+        if take > 0 {
+            let Ok(permit) = gate.body_memory.try_acquire_many(take as u32) else {
+                return Received::Busy;
+            };
+            match &mut held {
+                Some(h) => h.merge(permit),
+                None => held = Some(permit),
+            }
+            if bytes.is_empty()
+                && let Some(n) = declared
+            {
+                bytes.reserve_exact(n.min(keep as u64) as usize);
+            }
+            bytes.extend_from_slice(&data[..take]);
+        }
+        if take < data.len() {
+            too_large = true;
+            break;
+        }
+    }
+    if !too_large {
+        return Received::Whole(bytes, held);
+    }
+    let drain = async {
+        let mut dropped = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            dropped += frame.data_ref().map_or(0, |d| d.len());
+            if dropped > 4 * limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(gate.limits.timeout / 2, drain).await;
+    drop(held);
+    Received::TooLarge(bytes, declared)
+}
+
+/// The denial of a body over the limit: an AdmissionReview (HTTP 200, so the API
+/// server shows the reason whatever the failure policy) with code 413 and the
+/// review's uid when its first bytes carry it.
+fn too_large(prefix: &[u8], declared: Option<u64>, limit: usize) -> Response {
+    let uid = review::uid_in_prefix(prefix);
+    let size = declared.map_or_else(|| "more than".to_string(), |n| format!("{n} bytes,"));
+    let mut message = format!(
+        "the AdmissionReview is {size} over the webhook's limit of {limit} bytes \
+         ({:.1} MiB); a TrainingJob's spec is a few KiB: look for a large template or hfConfig",
+        limit as f64 / (1024.0 * 1024.0)
+    );
+    if uid.is_none() {
+        message.push_str(&format!(
+            "; the review's uid could not be read from its first {} bytes",
+            prefix.len()
+        ));
+    }
+    let status = Status::failure(&message, "RequestEntityTooLarge").with_code(413);
+    let answer = Answer {
+        api_version: review::API_VERSION,
+        kind: review::KIND,
+        response: review::Response {
+            uid: uid.as_deref().unwrap_or(""),
+            allowed: false,
+            status: &status,
+            warnings: &[],
+        },
+    };
+    json(StatusCode::OK, &answer)
+}
+
+async fn validate(state: &AppState, gate: &Gate, headers: &HeaderMap, body: Body) -> Response {
     let started = Instant::now();
+    let (body, _held) = match receive(gate, headers, body).await {
+        Received::Whole(bytes, held) => (bytes, held),
+        Received::TooLarge(prefix, declared) => {
+            count(state, started, Verdict::Invalid, Reason::TooLarge);
+            return too_large(&prefix, declared, gate.limits.body_bytes);
+        }
+        Received::Failed(e) => {
+            count(state, started, Verdict::Invalid, Reason::Malformed);
+            return invalid(format!("reading the body: {e}"));
+        }
+        // Not a verdict: the API server retries or applies the failure policy.
+        Received::Busy => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                format!(
+                    "the webhook holds {BODY_MEMORY_BYTES} bytes of review bodies already; try again"
+                ),
+            )
+                .into_response();
+        }
+    };
+    // Judged only with a place among `MAX_IN_FLIGHT` (the semaphore is never closed).
+    let _judging = gate.judging.acquire().await.ok();
     // A valid TrainingJob is read once, straight into its type; anything else
     // is read again the general way, whose errors name the field.
     if let Ok(review) = serde_json::from_slice::<Review<'_, Job>>(&body) {
-        return answer(&state, review, started);
+        return answer(state, review, started);
     }
     match serde_json::from_slice::<Review<'_, Object>>(&body) {
-        Ok(review) => answer(&state, review, started),
+        Ok(review) => answer(state, review, started),
         Err(e) => {
-            count(&state, started, Verdict::Invalid, Reason::Malformed);
+            count(state, started, Verdict::Invalid, Reason::Malformed);
             invalid(format!("not an AdmissionReview: {e}"))
         }
     }
@@ -288,44 +454,4 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
-}
-
-/// Serve `router` over TLS on `addr` until `shutdown` resolves, then stop
-/// accepting and give in-flight requests `drain` to finish. `bound` receives
-/// the actual address (useful with port 0).
-pub async fn serve(
-    addr: SocketAddr,
-    router: Router,
-    tls: axum_server::tls_rustls::RustlsConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    drain: Duration,
-    bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
-) -> std::io::Result<()> {
-    let handle = axum_server::Handle::new();
-    let h = handle.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        h.graceful_shutdown(Some(drain));
-    });
-    if let Some(tx) = bound {
-        let h = handle.clone();
-        tokio::spawn(async move {
-            if let Some(a) = h.listening().await {
-                let _ = tx.send(a);
-            }
-        });
-    }
-    // TCP_NODELAY: an answer is one small write; without it Nagle's algorithm can
-    // hold it back until the client's delayed ACK (tens of milliseconds).
-    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
-        .handshake_timeout(HANDSHAKE_TIMEOUT)
-        .acceptor(axum_server::accept::NoDelayAcceptor::new());
-    let mut server = axum_server::bind(addr).acceptor(acceptor).handle(handle);
-    // axum-server turns hyper's header-read timeout off: without it a client that
-    // sends half a request head (or opens a connection and idles) holds it forever.
-    server
-        .http_builder()
-        .http1()
-        .header_read_timeout(Some(HANDSHAKE_TIMEOUT));
-    server.serve(router.into_make_service()).await
 }
