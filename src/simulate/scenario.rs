@@ -454,7 +454,27 @@ pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
         }
     }
 
-    let mut arrivals = Vec::new();
+    // Count what the scenario asks for before building any of it: a burst
+    // of 10^8 jobs is refused here, not after taking gigabytes.
+    let asked = file
+        .jobs
+        .iter()
+        .map(|j| u64::from(j.count))
+        .chain(
+            file.faults
+                .iter()
+                .filter_map(|f| f.burst.as_ref().map(|b| u64::from(b.count))),
+        )
+        .fold(0u64, u64::saturating_add);
+    if asked > MAX_JOBS {
+        return Err(field(
+            "jobs",
+            format!(
+                "{asked} jobs in all (entries' counts and bursts); at most {MAX_JOBS}: split the day into several scenarios"
+            ),
+        ));
+    }
+    let mut arrivals = Vec::with_capacity(usize::try_from(asked).unwrap_or(0));
     let mut groups = BTreeSet::new();
     let mut total: u64 = 0;
     for (i, j) in file.jobs.iter().enumerate() {
@@ -661,6 +681,18 @@ faults:
             vec![(3600.0, Fault::NodeLost { node: "n1".into() })]
         );
         assert_eq!(s.horizon, 7.0 * 86_400.0);
+    }
+
+    #[test]
+    fn a_huge_burst_is_refused_before_it_is_built() {
+        let text = SMALL.replace("count: 2}", "count: 100000000}");
+        let e = parse(&text).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "jobs: 100000003 jobs in all (entries' counts and bursts); at most 1000000"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
