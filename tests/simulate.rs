@@ -153,3 +153,89 @@ fn the_cli_runs_a_scenario_and_reports_json() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The generated day of the bench at CI scale: 2 000 jobs on 200 GPUs (half
+/// H100 80GB, half A100 40GB), an operator restart and a lost node. Before
+/// trainers' allocations were backed by pages, jobs of the underestimated
+/// shape died here with less than their hold in use (a peak that needed one
+/// hole no other trainer's blocks split), and later jobs of that shape again
+/// on their first attempt.
+#[test]
+fn a_generated_day_at_scale_holds_every_invariant() {
+    let s = scenario::parse(&scenario::generated_day(2_000, 200)).expect("scenario");
+    assert_eq!(s.arrivals.len(), 2_000);
+    assert_eq!(s.gpus(), 200);
+    let report = simulate::run(&s).expect("simulation");
+    let sum = &report.summary;
+    println!(
+        "2000 jobs on 200 GPUs: {:.1} s with vramguard, {:.1} s in all; OOMed {} (baseline {}), succeeded {} (baseline {}), failed {}",
+        sum.wall_seconds,
+        report.wall_seconds_total,
+        sum.oomed,
+        report.baseline.oomed,
+        sum.succeeded,
+        report.baseline.succeeded,
+        sum.failed
+    );
+    for name in invariants::ALL {
+        let v = &report.invariants[name];
+        assert!(v.holds, "{name}: {}", v.detail);
+    }
+    assert_eq!(sum.submitted, 2_000);
+    assert_eq!(sum.operator_restarts, 1);
+    assert_eq!(sum.running_at_end, 0);
+    assert_eq!(
+        sum.succeeded + sum.failed + sum.rejected_by_operator + sum.never_ran,
+        sum.submitted - sum.rejected_at_admission
+    );
+    assert!(report.baseline.oomed > sum.oomed);
+    assert!(sum.succeeded > report.baseline.succeeded);
+}
+
+/// Learning that sticks: a burst of one underestimated shape on shared GPUs.
+/// Every job of the burst may die of OOM once (they all reach their peak
+/// before the first lesson), none twice; jobs of the shape that arrive after
+/// the lesson never do, on either product.
+const BURST_OF_ONE_SHAPE: &str = "
+name: burst-of-one-shape
+seed: 11
+duration: 24h
+truth: {spread: [0.9, 1.0], oomAfter: 2m}
+nodes:
+  - {name: h100, product: h100-80gb, gpus: 4}
+  - {name: a100, product: a100-40gb, gpus: 4}
+jobs:
+  - name: under
+    at: 10m
+    count: 4
+    every: 2h
+    duration: 40m
+    factor: 1.6
+    spec:
+      model: {custom: {parameters: 1.3e9, activationBytesPerSample: 6.0e9}}
+      training: {mode: full, microBatchSize: 8}
+      parallelism: {gpus: 1}
+      fitPolicy: {mode: Adjust, allow: [microBatchSize], maxOomRetries: 3}
+faults:
+  - {at: 10m, burst: {job: under, count: 12}}
+";
+
+#[test]
+fn a_burst_of_one_underestimated_shape_ooms_once_never_twice() {
+    let s = scenario::parse(BURST_OF_ONE_SHAPE).expect("scenario");
+    let report = simulate::run(&s).expect("simulation");
+    let text = report.text(400);
+    for name in invariants::ALL {
+        let v = &report.invariants[name];
+        assert!(v.holds, "{name}: {}\n{text}", v.detail);
+    }
+    let sum = &report.summary;
+    assert_eq!(sum.submitted, 16);
+    assert!(sum.oomed >= 1, "the shape is underestimated: {text}");
+    assert_eq!(
+        sum.oom_attempts, sum.oomed,
+        "a job of the shape ran out of memory twice: {text}"
+    );
+    assert!(sum.oomed <= 13, "a job after the lesson OOMed: {text}");
+    assert_eq!(sum.succeeded, 16, "{text}");
+}

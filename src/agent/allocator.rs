@@ -130,6 +130,43 @@ impl Allocator {
         Some(offset)
     }
 
+    /// Place `bytes` (rounded up to the granularity) as a process's
+    /// allocation is backed on a CUDA device: in one hole when one is big
+    /// enough (best fit, as [`Allocator::alloc`]), else in pieces over the
+    /// holes in address order, since the driver maps physical pages into
+    /// the process's own contiguous virtual range and another process's
+    /// blocks between them do not matter. The offsets of the segments
+    /// taken; `None` (nothing taken) when less than that is free.
+    pub fn alloc_pages(&mut self, bytes: u64, owner: u32) -> Option<Vec<u64>> {
+        let size = self.round(bytes.max(1))?;
+        if size > self.free_bytes() {
+            return None;
+        }
+        if let Some(offset) = self.alloc(size, owner) {
+            return Some(vec![offset]);
+        }
+        let mut left = size;
+        let mut taken = Vec::new();
+        for (offset, hole) in self.holes() {
+            if left == 0 {
+                break;
+            }
+            let piece = hole.min(left);
+            let at = self.segments.partition_point(|s| s.offset < offset);
+            self.segments.insert(
+                at,
+                Segment {
+                    offset,
+                    size: piece,
+                    owner,
+                },
+            );
+            taken.push(offset);
+            left -= piece;
+        }
+        Some(taken)
+    }
+
     /// Would `bytes` fit in one hole?
     pub fn fits(&self, bytes: u64) -> bool {
         self.round(bytes.max(1))
@@ -272,6 +309,29 @@ mod tests {
         let w = a.alloc(3 * MIB, 2).unwrap();
         assert_eq!(w, 0, "the 14 MiB hole is the best fit for 4 MiB (rounded)");
         assert_eq!(a.used_bytes(), 24 * MIB);
+    }
+
+    #[test]
+    fn pages_are_served_over_holes_when_no_hole_is_big_enough() {
+        let mut a = Allocator::new(10 * GIB, 2 * MIB);
+        let blocks: Vec<u64> = (0..10).map(|_| a.alloc(GIB, 1).unwrap()).collect();
+        for b in blocks.iter().step_by(2) {
+            a.free(*b);
+        }
+        // 5 GiB free in five 1 GiB holes: no 3 GiB block, but 3 GiB of pages.
+        assert!(!a.fits(3 * GIB));
+        assert_eq!(a.alloc(3 * GIB, 2), None);
+        let pieces = a.alloc_pages(3 * GIB, 2).unwrap();
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(a.used_by(2), 3 * GIB);
+        assert_eq!(a.alloc_pages(3 * GIB, 3), None, "2 GiB are left");
+        assert_eq!(a.used_by(3), 0, "a refused allocation takes nothing");
+        // One hole big enough: one block, best fit.
+        assert_eq!(a.alloc_pages(GIB, 4).map(|p| p.len()), Some(1));
+        for p in pieces {
+            assert!(a.free(p));
+        }
+        assert_eq!(a.free_bytes(), 4 * GIB);
     }
 
     #[test]

@@ -457,6 +457,19 @@ impl Simulated {
         Some(offset)
     }
 
+    /// [`Simulated::alloc`] as the CUDA driver backs it: pages mapped into
+    /// the process's own address range, so one allocation may take several
+    /// holes ([`Allocator::alloc_pages`]). The segments' offsets, or None
+    /// when less than `bytes` is free.
+    pub fn alloc_pages(&mut self, index: u32, pid: u32, bytes: u64) -> Option<Vec<u64>> {
+        let d = self.devices.get_mut(usize::try_from(index).ok()?)?;
+        let offsets = d.allocator.alloc_pages(bytes, pid)?;
+        if !d.pids.contains(&pid) {
+            d.pids.push(pid);
+        }
+        Some(offsets)
+    }
+
     /// The process `pid` exits: its blocks at `offsets` are freed and it
     /// leaves the device's process list.
     pub fn exit(&mut self, index: u32, pid: u32, offsets: &[u64]) {

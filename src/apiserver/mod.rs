@@ -458,13 +458,34 @@ fn keep_server_metadata(new: &mut Value, old: &Value) {
     }
 }
 
-fn without_meta_and_status(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(m) = v.as_object_mut() {
-        m.remove("metadata");
-        m.remove("status");
+/// Do `a` and `b` differ beyond metadata and status (compared in place:
+/// this runs on every write, and the objects can be large)?
+fn differs_beyond_meta_and_status(a: &Value, b: &Value) -> bool {
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            let rest = |m: &'_ serde_json::Map<String, Value>| {
+                m.iter()
+                    .filter(|(k, _)| *k != "metadata" && *k != "status")
+                    .count()
+            };
+            rest(a) != rest(b)
+                || a.iter()
+                    .filter(|(k, _)| *k != "metadata" && *k != "status")
+                    .any(|(k, v)| b.get(k) != Some(v))
+        }
+        _ => a != b,
     }
-    v
+}
+
+/// What a watch event keeps of the object before the change: only what a
+/// selector reads (name, namespace, labels), not the whole object.
+fn selector_view(v: &Value) -> Value {
+    let m = &v["metadata"];
+    json!({"metadata": {
+        "name": m["name"],
+        "namespace": m["namespace"],
+        "labels": m["labels"],
+    }})
 }
 
 impl Inner {
@@ -506,7 +527,7 @@ impl Inner {
         };
         if bump_generation
             && let Some(o) = &old
-            && without_meta_and_status(o) != without_meta_and_status(&obj)
+            && differs_beyond_meta_and_status(o, &obj)
         {
             let g = o["metadata"]["generation"].as_i64().unwrap_or(0);
             obj["metadata"]["generation"] = json!(g + 1);
@@ -522,7 +543,7 @@ impl Inner {
             res: key.0.clone(),
             ns: key.1.clone(),
             ty,
-            old,
+            old: old.as_ref().map(selector_view),
             new: obj.clone(),
         });
         if let Some(limit) = self.history_limit
@@ -1413,6 +1434,15 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     if dry_run {
         return json_response(StatusCode::OK, &new);
     }
+    // A write that changes nothing is no change: no new resourceVersion, no
+    // watch event (as the API server does; an agent re-applying the same
+    // spec every interval must not wake every watcher).
+    if let Some(old) = &old {
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        if new == *old {
+            return json_response(StatusCode::OK, old);
+        }
+    }
     let code = if created {
         StatusCode::CREATED
     } else {
@@ -1522,7 +1552,8 @@ struct Watching {
     t: Target,
     sel: Selector,
     cursor: u64,
-    pending: VecDeque<Value>,
+    /// Lines ready to send.
+    pending: VecDeque<Bytes>,
     changed: watch::Receiver<u64>,
     epoch: watch::Receiver<u64>,
     shutdown: watch::Receiver<bool>,
@@ -1535,6 +1566,15 @@ struct Watching {
 fn line(v: &Value) -> Bytes {
     let mut s = v.to_string();
     s.push('\n');
+    Bytes::from(s)
+}
+
+/// `{"type": ty, "object": object}` and a newline, written straight from
+/// the stored object (no copy of it).
+fn event_line(ty: &str, object: &Value) -> Bytes {
+    let mut s = format!("{{\"type\":\"{ty}\",\"object\":");
+    s.push_str(&object.to_string());
+    s.push_str("}\n");
     Bytes::from(s)
 }
 
@@ -1562,7 +1602,7 @@ impl Watching {
         let inner = self.shared.lock();
         if self.cursor < inner.compacted {
             self.pending
-                .push_back(expired(self.cursor, inner.compacted));
+                .push_back(line(&expired(self.cursor, inner.compacted)));
             self.done = true;
             return;
         }
@@ -1581,15 +1621,15 @@ impl Watching {
                 (_, true, false) => "DELETED",
                 (_, false, false) => continue,
             };
-            self.pending.push_back(json!({"type": ty, "object": e.new}));
+            self.pending.push_back(event_line(ty, &e.new));
         }
         self.cursor = inner.rv;
     }
 
     async fn next(mut self) -> Option<(Bytes, Watching)> {
         loop {
-            if let Some(v) = self.pending.pop_front() {
-                return Some((line(&v), self));
+            if let Some(l) = self.pending.pop_front() {
+                return Some((l, self));
             }
             if self.done || *self.shutdown.borrow() {
                 return None;
@@ -1613,7 +1653,7 @@ impl Watching {
                 () = tokio::time::sleep(self.shared.bookmark_every) => {
                     if self.bookmarks {
                         let b = self.bookmark(false);
-                        self.pending.push_back(b);
+                        self.pending.push_back(line(&b));
                     }
                 }
             }
@@ -1644,7 +1684,7 @@ fn start_watch(
     let cursor = if rv.is_empty() || rv == "0" || send_initial {
         for (k, v) in &inner.objects {
             if in_scope(t, k) && sel.matches(v) {
-                pending.push_back(json!({"type": "ADDED", "object": v}));
+                pending.push_back(event_line("ADDED", v));
             }
         }
         inner.rv
@@ -1677,7 +1717,7 @@ fn start_watch(
     };
     if send_initial && bookmarks {
         let b = w.bookmark(true);
-        w.pending.push_back(b);
+        w.pending.push_back(line(&b));
     }
     let stream = futures::stream::unfold(w, Watching::next).map(Ok::<Bytes, Infallible>);
     Response::builder()

@@ -925,6 +925,17 @@ async fn attempt_failed(
         .as_ref()
         .map(|e| e.fit_per_gpu_bytes())
         .unwrap_or(0);
+    // What an OOM proves is measured against the estimate's point, not its
+    // upper end: the learnt scale multiplies the upper end of later
+    // estimates (other plans, other GPUs), whose spread over the point
+    // differs; a ratio over one plan's wide range fell short on a plan
+    // with a narrower one, and the retry or the next job OOMed again.
+    let point = status
+        .estimate
+        .as_ref()
+        .map(|e| e.per_gpu_bytes)
+        .filter(|b| *b > 0)
+        .unwrap_or(estimated);
     let Some(found) = found else {
         let message = format!("Job {job_name} failed: {job_message}");
         return finish(
@@ -993,7 +1004,7 @@ async fn attempt_failed(
             let lesson = learn::learn(
                 o,
                 status.learned.as_ref(),
-                estimated,
+                point,
                 status
                     .placement
                     .as_ref()
@@ -1014,7 +1025,7 @@ async fn attempt_failed(
                         job: ledger::key(tj),
                         attempt,
                         gpu,
-                        estimated_bytes: estimated,
+                        estimated_bytes: point,
                         observed_bytes: observed,
                         kind: "GpuOutOfMemory".into(),
                         time: Some(t.clone()),

@@ -4,7 +4,9 @@
 //! the process held plus the allocation it could not get
 //! ([`oom::need_floor_bytes`]); without those numbers, more than the GPU's
 //! whole capacity (the message's, else the placed product's). The ratio of
-//! that bound to the attempt's estimate becomes the scale on every later
+//! that bound to the attempt's estimate (its point, not its upper end: the
+//! scale multiplies the upper end of later estimates, whose spread over the
+//! point differs by plan and GPU) becomes the scale on every later
 //! estimate of the job (and of jobs with the same fingerprint), and each
 //! retry assumes at least [`MIN_STEP`] more than the last: the failed
 //! allocation is rarely the last one the step would have made.

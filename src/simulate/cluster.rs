@@ -261,6 +261,34 @@ impl World {
         }
     }
 
+    /// The other attempts on a GPU: what each uses and holds.
+    fn neighbours(&self, node: &str, gpu: u32, me: &str, records: &Records) -> Vec<String> {
+        let Some(n) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        let sim = n.sim();
+        let Some(alloc) = sim.allocator(gpu) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (uid, r) in &self.runs {
+            if uid == me {
+                continue;
+            }
+            let run = &records.runs[r.record];
+            for k in r.ranks.iter().filter(|k| k.node == node && k.gpu == gpu) {
+                out.push(format!(
+                    "{} using {} GiB of its {} GiB hold",
+                    run.tj,
+                    crate::estimate::gib(alloc.used_by(k.pid)),
+                    crate::estimate::gib(run.reserved_bytes_per_gpu)
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
     /// Bytes the other attempts on a GPU hold beyond their own reservation.
     fn overuse_by_others(&self, node: &str, gpu: u32, me: &str, records: &Records) -> u64 {
         let Some(n) = self.nodes.get(node) else {
@@ -501,6 +529,7 @@ impl Cluster {
                 reserved_bytes_per_gpu: reserved,
                 oom_message: None,
                 overuse_by_others: 0,
+                oom_context: None,
             });
             records.note_run_start(&key, &job_name, now);
             records.runs.len() - 1
@@ -638,6 +667,7 @@ impl Cluster {
         let ranks = run.ranks.clone();
         let mut updated = Vec::new();
         let mut failure = None;
+        let mut oom_context = None;
         for mut k in ranks {
             let Some(node) = world.nodes.get(&k.node) else {
                 continue;
@@ -652,9 +682,11 @@ impl Cluster {
                 continue;
             }
             let mut sim = node.sim();
-            match sim.alloc(k.gpu, k.pid, bytes) {
+            // Pages mapped into the trainer's own address range: another
+            // process's blocks between free ones do not split it.
+            match sim.alloc_pages(k.gpu, k.pid, bytes) {
                 Some(o) => {
-                    k.offsets.push(o);
+                    k.offsets.extend(o);
                     updated.push(k);
                 }
                 None => {
@@ -662,8 +694,25 @@ impl Cluster {
                     let free = sim.allocator(k.gpu).map(|a| a.free_bytes()).unwrap_or(0);
                     let in_use = sim.allocator(k.gpu).map(|a| a.used_by(k.pid)).unwrap_or(0);
                     let context = sim.context_bytes(k.gpu).unwrap_or(0);
+                    let (holes, largest) = sim
+                        .allocator(k.gpu)
+                        .map(|a| (a.holes().len(), a.largest_hole()))
+                        .unwrap_or((0, 0));
                     drop(sim);
                     let over = world.overuse_by_others(&k.node, k.gpu, uid, &records);
+                    let neighbours = world.neighbours(&k.node, k.gpu, uid, &records);
+                    oom_context = Some(format!(
+                        "on {} GPU {}: {} free in {holes} hole(s), the largest {}; beside it {}",
+                        k.node,
+                        k.gpu,
+                        crate::estimate::gib(free),
+                        crate::estimate::gib(largest),
+                        if neighbours.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            neighbours.join(", ")
+                        }
+                    ));
                     failure = Some((
                         truth::torch_oom(
                             k.gpu,
@@ -690,7 +739,9 @@ impl Cluster {
         }
         drop(records);
         let (message, over) = failure?;
-        lock(&self.records).runs[record].overuse_by_others = over;
+        let mut records = lock(&self.records);
+        records.runs[record].overuse_by_others = over;
+        records.runs[record].oom_context = oom_context;
         Some(message)
     }
 

@@ -306,7 +306,7 @@ async fn sampler(cluster: Arc<Cluster>, every: f64) {
 pub async fn run(scenario: &Scenario, prepared: Vec<Prepared>) -> Result<Outcome, String> {
     let server = ApiServer::in_process(apiserver::Options {
         request_log: false,
-        history_limit: Some(50_000),
+        history_limit: Some(5_000),
         bookmark_every: Duration::from_secs(60),
     });
     let client = server.client();

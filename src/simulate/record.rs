@@ -46,6 +46,9 @@ pub struct RunRecord {
     pub oom_message: Option<String>,
     /// Bytes other attempts on its GPU held beyond their reservations when it died.
     pub overuse_by_others: u64,
+    /// The GPU when it died: free bytes, holes, the neighbours' use and holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_context: Option<String>,
 }
 
 /// One job's history as the operator wrote it.

@@ -216,11 +216,15 @@ impl Report {
                 excused += 1;
             } else {
                 unexcused.push(format!(
-                    "{} attempt {} died of OOM needing {} GiB per GPU with {} GiB held for it and no neighbour over its hold",
+                    "{} attempt {} died of OOM needing {} GiB per GPU with {} GiB held for it and no neighbour over its hold{}",
                     x.tj,
                     x.attempt,
                     estimate::gib(x.need_per_gpu),
-                    estimate::gib(x.reserved_bytes_per_gpu)
+                    estimate::gib(x.reserved_bytes_per_gpu),
+                    x.oom_context
+                        .as_deref()
+                        .map(|c| format!(" ({c})"))
+                        .unwrap_or_default()
                 ));
             }
             // A first attempt placed after its shape's OOM was learnt.
@@ -230,9 +234,13 @@ impl Report {
                 && j.placed.first().is_some_and(|p| p.1 > learnt)
             {
                 not_prevented.push(format!(
-                    "{} ran out of GPU memory on its first attempt although its shape's OOM was learnt at {}",
+                    "{} ran out of GPU memory on its first attempt although its shape's OOM was learnt at {} (placed at {}, needing {} GiB per GPU, estimated {} GiB, {} GiB held)",
                     x.tj,
-                    clock(learnt)
+                    clock(learnt),
+                    clock(j.placed.first().map(|p| p.1).unwrap_or(0.0)),
+                    estimate::gib(x.need_per_gpu),
+                    estimate::gib(x.estimated_per_gpu),
+                    estimate::gib(x.reserved_bytes_per_gpu)
                 ));
             }
         }
