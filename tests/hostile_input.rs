@@ -71,8 +71,7 @@ fn an_alias_bomb_is_refused_by_the_yaml_budget() {
     // 10^9 leaves if expanded: the reader stops long before.
     let text = alias_bomb(9);
     let e = error_of(&text);
-    assert!(e.contains("not valid YAML"), "{e}");
-    assert!(e.contains("budget") || e.contains("alias"), "{e}");
+    assert!(e.contains("too large: vramguard reads at most"), "{e}");
 }
 
 #[test]
@@ -84,14 +83,14 @@ fn deep_nesting_is_refused_by_the_yaml_budget() {
             "]".repeat(depth)
         );
         let e = error_of(&job(&flow));
-        assert!(e.contains("not valid YAML"), "{e}");
+        assert!(e.contains("at most 64 levels of nesting"), "{e}");
         let mut block = job("model:\n  hfConfig:");
         for level in 0..depth.min(5_000) {
             block.push_str(&format!("\n{}k:", " ".repeat(4 + 2 * level)));
         }
         block.push_str(" 1\n");
         let e = error_of(&block);
-        assert!(e.contains("not valid YAML"), "{e}");
+        assert!(e.contains("at most 64 levels of nesting"), "{e}");
     }
 }
 

@@ -403,7 +403,16 @@ fn closest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
     let key = key.to_ascii_lowercase();
     known
         .iter()
-        .map(|k| (edits(&key, &k.to_ascii_lowercase()), *k))
+        .map(|k| {
+            let lower = k.to_ascii_lowercase();
+            // `hidden` for `hiddenSize`: a known name the key begins.
+            let d = if key.len() >= 4 && lower.starts_with(&key) {
+                1
+            } else {
+                edits(&key, &lower)
+            };
+            (d, *k)
+        })
         .filter(|(d, _)| *d <= 2)
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
