@@ -60,7 +60,16 @@ pub fn documents(text: &str) -> Result<Vec<Value>, ParseError> {
 /// is refused as too large, naming the limit, its value and what to do.
 fn limit_reached(e: &serde_saphyr::Error) -> Option<String> {
     use serde_saphyr::budget::BudgetBreach as B;
-    let serde_saphyr::Error::Budget { breach, .. } = unwrapped(e) else {
+    let inner = unwrapped(e);
+    if inner.to_string().contains("recursion limit exceeded") {
+        // The scanner's own bound on nested brackets, before the depth budget.
+        return Some(
+            "too large: vramguard reads at most 64 levels of nesting; no TrainingJob or \
+             GpuNode nests that deep; check the brackets"
+                .to_string(),
+        );
+    }
+    let serde_saphyr::Error::Budget { breach, .. } = inner else {
         return None;
     };
     let (what, limit, fix) = match breach {
