@@ -63,37 +63,55 @@ fn limit_reached(e: &serde_saphyr::Error) -> Option<String> {
     let inner = unwrapped(e);
     if inner.to_string().contains("recursion limit exceeded") {
         // The scanner's own bound on nested brackets, before the depth budget.
-        return Some(
-            "too large: vramguard reads at most 64 levels of nesting; no TrainingJob or \
-             GpuNode nests that deep; check the brackets"
-                .to_string(),
-        );
+        return Some(format!(
+            "too large: vramguard reads at most {} levels of nesting; no TrainingJob or \
+             GpuNode nests that deep; check the brackets",
+            serde_saphyr::Budget::default().max_depth
+        ));
     }
     let serde_saphyr::Error::Budget { breach, .. } = inner else {
         return None;
     };
+    // The limits as the reader applies them: the options above leave its default budget.
+    let budget = serde_saphyr::Budget::default();
     let (what, limit, fix) = match breach {
-        B::Documents { .. } => ("documents per file", 1_024, "split the file"),
+        B::Documents { .. } => ("documents per file", budget.max_documents, "split the file"),
         B::Depth { .. } => (
             "levels of nesting",
-            64,
+            budget.max_depth,
             "no TrainingJob or GpuNode nests that deep; check the indentation",
         ),
         B::Nodes { .. } => (
             "values (maps, lists and scalars) per file",
-            250_000,
+            budget.max_nodes,
             "split the file",
         ),
-        B::Events { .. } => ("YAML events per file", 1_000_000, "split the file"),
-        B::Aliases { .. } => ("aliases (*name)", 50_000, "write the values out"),
-        B::Anchors { .. } => ("anchors (&name)", 50_000, "write the values out"),
+        B::Events { .. } => ("YAML events per file", budget.max_events, "split the file"),
+        B::Aliases { .. } => (
+            "aliases (*name)",
+            budget.max_aliases,
+            "write the values out",
+        ),
+        B::Anchors { .. } => (
+            "anchors (&name)",
+            budget.max_anchors,
+            "write the values out",
+        ),
         B::AliasAnchorRatio { .. } => (
-            "aliases per anchor (ten times the anchors, beyond the first 100 aliases)",
-            10,
+            "aliases per anchor (beyond the first 100 aliases)",
+            budget.alias_anchor_ratio_multiplier,
             "write the values out instead of repeating aliases",
         ),
-        B::MergeKeys { .. } => ("merge keys (<<)", 10_000, "write the values out"),
-        B::ScalarBytes { .. } => ("MiB of text in values", 64, "split the file"),
+        B::MergeKeys { .. } => (
+            "merge keys (<<)",
+            budget.max_merge_keys,
+            "write the values out",
+        ),
+        B::ScalarBytes { .. } => (
+            "MiB of text in values",
+            budget.max_total_scalar_bytes >> 20,
+            "split the file",
+        ),
         _ => {
             return Some(format!(
                 "the YAML is larger than vramguard reads ({breach:?}); split the file"
@@ -106,7 +124,7 @@ fn limit_reached(e: &serde_saphyr::Error) -> Option<String> {
     ))
 }
 
-fn thousands(n: u64) -> String {
+fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -118,7 +136,6 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// One line per problem, without source snippets or advice about the library's options.
 /// The error under the reader's snippet and alias wrappers.
 fn unwrapped(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
     while let serde_saphyr::Error::WithSnippet { error, .. }
@@ -129,6 +146,7 @@ fn unwrapped(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
     e
 }
 
+/// One line per problem, without source snippets or advice about the library's options.
 fn syntax_message(e: &serde_saphyr::Error) -> String {
     if let serde_saphyr::Error::DuplicateMappingKey { key, location } = unwrapped(e) {
         let key = key
@@ -244,15 +262,14 @@ pub fn training_job(doc: Value) -> Result<TrainingJob, ParseError> {
         }
         Some(v) => {
             // Every problem against the CRD's schema at once; serde would stop at the first.
-            let found =
-                super::structural::check(&v, super::structural::training_job_spec_schema(), "spec");
+            let schema = super::structural::training_job_spec_schema();
+            let found = super::structural::check(&v, schema, "spec");
             if found.is_empty() {
                 typed(v, "spec").map_err(|e| errs.push(e)).ok()
             } else {
                 // The rest of the spec, without the values the schema refused, still gets
                 // the validator's checks, so that one run reports every problem.
-                let rest =
-                    super::structural::repaired(&v, super::structural::training_job_spec_schema());
+                let rest = super::structural::repaired(&v, schema);
                 let more = typed::<TrainingJobSpec>(rest, "spec")
                     .ok()
                     .and_then(|spec| super::validate::validate(&spec).err())

@@ -166,10 +166,21 @@ fn fits_type(value: &Value, schema: &Value) -> bool {
     typed && listed
 }
 
+/// The range a number must fall in: `minimum`/`maximum`, and 0 at least for an unsigned
+/// `format` (the API server's reading of `uint*`).
+fn bounds(schema: &Value) -> (Option<f64>, Option<f64>) {
+    let unsigned = schema
+        .get("format")
+        .and_then(Value::as_str)
+        .is_some_and(|f| f.starts_with("uint"));
+    let min = schema.get("minimum").and_then(Value::as_f64);
+    let min = min.or(unsigned.then_some(0.0));
+    (min, schema.get("maximum").and_then(Value::as_f64))
+}
+
 fn clamp(value: &mut Value, schema: &Value) {
     let Some(x) = value.as_f64() else { return };
-    let lo = schema.get("minimum").and_then(Value::as_f64);
-    let hi = schema.get("maximum").and_then(Value::as_f64);
+    let (lo, hi) = bounds(schema);
     let y = match (lo, hi) {
         (Some(l), _) if x < l => l,
         (_, Some(h)) if x > h => h,
@@ -193,6 +204,16 @@ fn boolean_hint(value: &Value, options: &[Value]) -> String {
     }
 }
 
+/// Why `value` is not one of an enum's `options`, with the values to use.
+fn not_listed(value: &Value, options: &[Value]) -> String {
+    format!(
+        "{} is not one of the allowed values; use one of {}{}",
+        shown(value),
+        enum_words(options),
+        boolean_hint(value, options)
+    )
+}
+
 /// The allowed values of an enum, as a user reads them: `none | full | ...`.
 pub fn enum_words(options: &[Value]) -> String {
     options
@@ -203,10 +224,6 @@ pub fn enum_words(options: &[Value]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" | ")
-}
-
-fn number(v: &Value) -> Option<f64> {
-    v.as_f64()
 }
 
 fn walk(
@@ -251,12 +268,7 @@ fn walk(
         let format = s.get("format").and_then(Value::as_str);
         let preserved = s.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
         let reason = match s.get("enum") {
-            Some(Value::Array(options)) => format!(
-                "{} is not one of the allowed values; use one of {}{}",
-                shown(value),
-                enum_words(options),
-                boolean_hint(value, options)
-            ),
+            Some(Value::Array(options)) => not_listed(value, options),
             None if preserved && value.is_string() && t == "object" => format!(
                 "{} is a name, not the object itself: paste the JSON object here \
                      (JSON is YAML), e.g. the whole of a Hugging Face config.json under this key",
@@ -287,30 +299,11 @@ fn walk(
     if let Some(Value::Array(options)) = s.get("enum")
         && !options.contains(value)
     {
-        push(
-            errs,
-            more,
-            path,
-            format!(
-                "{} is not one of the allowed values; use one of {}",
-                shown(value),
-                enum_words(options)
-            ),
-        );
+        push(errs, more, path, not_listed(value, options));
         return;
     }
-    if let Some(x) = number(value) {
-        let unsigned = s
-            .get("format")
-            .and_then(Value::as_str)
-            .is_some_and(|f| f.starts_with("uint"));
-        let min = s.get("minimum").and_then(number);
-        let max = s.get("maximum").and_then(number);
-        let min = match (min, unsigned) {
-            (Some(m), _) => Some(m),
-            (None, true) => Some(0.0),
-            (None, false) => None,
-        };
+    if let Some(x) = value.as_f64() {
+        let (min, max) = bounds(schema);
         let range = match (min, max) {
             (Some(lo), Some(hi)) => format!("from {} to {}", num(lo), num(hi)),
             (Some(lo), None) => format!("{} or more", num(lo)),
@@ -339,7 +332,8 @@ fn walk(
     }
 }
 
-fn num(x: f64) -> String {
+/// A schema bound as a user writes it: `1`, not `1.0`.
+pub fn num(x: f64) -> String {
     if x.fract() == 0.0 && x.abs() < 1e15 {
         format!("{}", x as i64)
     } else {

@@ -52,20 +52,20 @@ fn cell(text: &str) -> String {
 }
 
 fn fields(schema: &serde_json::Value, path: &str, rows: &mut Vec<String>) {
+    use crate::api::structural::{enum_words, num};
     use serde_json::Value;
-    let words = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
     let kind = schema["type"].as_str().unwrap_or("");
     let preserved = schema["x-kubernetes-preserve-unknown-fields"] == Value::Bool(true);
     let options = schema["enum"]
         .as_array()
         .or_else(|| schema["items"]["enum"].as_array());
     let values = if let Some(options) = options {
-        options.iter().map(words).collect::<Vec<_>>().join(" | ")
+        enum_words(options)
     } else {
-        let (lo, hi) = (schema.get("minimum"), schema.get("maximum"));
+        let (lo, hi) = (
+            schema.get("minimum").and_then(Value::as_f64),
+            schema.get("maximum").and_then(Value::as_f64),
+        );
         match (lo, hi) {
             (Some(l), Some(h)) => format!("{} to {}", num(l), num(h)),
             (Some(l), None) => format!("≥ {}", num(l)),
@@ -82,7 +82,7 @@ fn fields(schema: &serde_json::Value, path: &str, rows: &mut Vec<String>) {
     };
     let default = match schema.get("default") {
         Some(Value::Object(_)) | Some(Value::Array(_)) | None => String::new(),
-        Some(d) => format!("`{}`", words(d)),
+        Some(d) => format!("`{}`", enum_words(std::slice::from_ref(d))),
     };
     let meaning = schema["description"]
         .as_str()
@@ -108,13 +108,6 @@ fn fields(schema: &serde_json::Value, path: &str, rows: &mut Vec<String>) {
         for (name, sub) in props {
             fields(sub, &format!("{path}[].{name}"), rows);
         }
-    }
-}
-
-fn num(v: &serde_json::Value) -> String {
-    match v.as_f64() {
-        Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => format!("{}", x as i64),
-        _ => v.to_string(),
     }
 }
 
