@@ -585,3 +585,28 @@ fn tensorflow_leaves_its_system_reserve() {
     let usable = u64_at(&v["verdicts"][0], "/usableBytes");
     assert_eq!(usable - limit, 1800 << 20, "{verdict}");
 }
+
+/// The connection bounds of `serve` (the chart's `webhook.idleTimeoutSeconds`
+/// and `webhook.maxConnections`) refuse values outside their range by name,
+/// before anything binds.
+#[test]
+fn serve_refuses_connection_bounds_out_of_range() {
+    for (flag, value) in [
+        ("--max-connections", "0"),
+        ("--max-connections", "70000"),
+        ("--idle-timeout-secs", "0"),
+        ("--idle-timeout-secs", "86400"),
+    ] {
+        let args = ["serve", "--self-signed", flag, value];
+        let mut cmd = command(&args);
+        cmd.env_remove("VRAMGUARD_MAX_CONNECTIONS")
+            .env_remove("VRAMGUARD_IDLE_TIMEOUT_SECS");
+        let run = finish(cmd.output().expect("the binary runs"), &args);
+        assert_eq!(run.code, 2, "{flag} {value}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(flag) && run.stderr.contains("is not in"),
+            "{flag} {value}: {}",
+            run.stderr
+        );
+    }
+}

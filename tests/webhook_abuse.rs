@@ -9,8 +9,9 @@
 //! (health, metrics and reviews are still answered at once), connections that
 //! finish their handshake and then idle (closed at the idle timeout), and four
 //! times as many connections as its cap (the rest refused, the count in
-//! `/metrics`, memory under the chart's limit). Run with `--nocapture` to see
-//! the figures.
+//! `/metrics`, memory under the chart's limit). The shipped binary, run as the
+//! chart runs it, takes 20 000 connection attempts and stays under the chart's
+//! memory limit. Run with `--nocapture` to see the figures.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -93,18 +94,7 @@ async fn start_with(limits: Limits) -> Server {
         Some(bound_tx),
     ));
     let addr = bound_rx.await.expect("the server binds");
-    let mut roots = RootCertStore::empty();
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    for c in CertificateDer::pem_slice_iter(pair.ca_pem.as_bytes()) {
-        roots.add(c.expect("a PEM certificate")).expect("a CA");
-    }
-    let client =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    let client = client_trusting(&pair.ca_pem);
     Server {
         addr,
         connector: TlsConnector::from(Arc::new(client.clone())),
@@ -115,6 +105,21 @@ async fn start_with(limits: Limits) -> Server {
         stop,
         task,
     }
+}
+
+/// A TLS client that trusts the CA in `ca_pem`.
+fn client_trusting(ca_pem: &str) -> ClientConfig {
+    let mut roots = RootCertStore::empty();
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("a PEM certificate")).expect("a CA");
+    }
+    ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
 }
 
 async fn connect(server: &Server) -> TlsStream<TcpStream> {
@@ -249,7 +254,12 @@ type Edit = fn(&mut Value);
 
 /// Peak and current resident memory of this process, in MiB (Linux).
 fn memory_mib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    memory_of("self")
+}
+
+/// Peak and current resident memory of process `pid` ("self": this one), in MiB (Linux).
+fn memory_of(pid: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()
@@ -766,4 +776,122 @@ async fn open_connections_are_capped_and_counted() {
     drop(open);
     let _ = server.stop.send(());
     server.task.await.expect("the server task").expect("serve");
+}
+
+/// Connections a hostile client attempts against the shipped binary.
+const BINARY_ATTEMPTS: usize = 20_000;
+
+/// Kills the child process when the test ends, passing or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `vramguard serve` as the chart runs it (its default connection cap and idle
+/// timeout), in a process of its own so that its memory is its own: 20 000
+/// connections attempted, each kept open when the server takes it. The server
+/// holds its cap, refuses the rest, counts them, and stays under the chart's
+/// memory limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_binary_holds_20000_connection_attempts_under_the_chart_limit() {
+    let dir = std::env::temp_dir().join(format!("vramguard-abuse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let ca_path = dir.join("ca.pem");
+    let _ = std::fs::remove_file(&ca_path);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("an address");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_vramguard"))
+        .args([
+            "serve",
+            "--self-signed",
+            "--tls-hosts",
+            "localhost",
+            "--listen",
+        ])
+        .arg(addr.to_string())
+        .arg("--ca-out")
+        .arg(&ca_path)
+        .arg("--cluster")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster.yaml"))
+        .env("RUST_LOG", "error")
+        .env_remove("VRAMGUARD_MAX_CONNECTIONS")
+        .env_remove("VRAMGUARD_IDLE_TIMEOUT_SECS")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("vramguard serve starts");
+    let server = Killed(child);
+    let pid = server.0.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ca = loop {
+        let written = std::fs::read_to_string(&ca_path).unwrap_or_default();
+        if written.contains("END CERTIFICATE") && TcpStream::connect(addr).await.is_ok() {
+            break written;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "vramguard serve did not listen on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let dialer = Dialer {
+        addr,
+        client: Arc::new(client_trusting(&ca)),
+    };
+    let (before, _) = memory_of(&pid);
+    let started = Instant::now();
+    let outcomes: Vec<Option<TlsStream<TcpStream>>> = futures::stream::iter(0..BINARY_ATTEMPTS)
+        .map(|_| {
+            let dialer = dialer.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), dialer.dial(b""))
+                    .await
+                    .ok()?
+                    .ok()
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    let mut open: Vec<_> = outcomes.into_iter().flatten().collect();
+    let established = open.len();
+    let (peak, now) = memory_of(&pid);
+    drop(open.pop());
+    let mut read = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while read.is_none() && Instant::now() < deadline {
+        match timed_get(&dialer, "/metrics").await {
+            Ok((200, text, _)) => read = Some(text),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let text = read.expect("/metrics once a connection is free");
+    let refused = metric(&text, "vramguard_connections_refused_total");
+    let limit = chart_memory_limit_mib();
+    eprintln!(
+        "vramguard serve (pid {pid}): {BINARY_ATTEMPTS} connections attempted in {:.1} s, \
+         {established} established (cap {}), {refused} refused; server RSS {before} MiB \
+         before, peak {peak} MiB (now {now} MiB), chart limit {limit} MiB",
+        took.as_secs_f64(),
+        webhook::server::MAX_CONNECTIONS
+    );
+    assert_eq!(established, webhook::server::MAX_CONNECTIONS);
+    assert!(
+        refused >= (BINARY_ATTEMPTS - established) as f64,
+        "{refused} refused"
+    );
+    assert!(
+        peak < limit,
+        "server peak RSS {peak} MiB over the chart's {limit} MiB"
+    );
+    drop(open);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }

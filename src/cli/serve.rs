@@ -58,6 +58,14 @@ pub struct ServeArgs {
     /// Seconds in-flight reviews get to finish after SIGTERM.
     #[arg(long, env = "VRAMGUARD_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
+    /// Seconds a connection is kept open with no request in flight (1-3600).
+    #[arg(long, env = "VRAMGUARD_IDLE_TIMEOUT_SECS", default_value_t = webhook::server::IDLE_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub idle_timeout_secs: u64,
+    /// Connections open at once (1-65536); past it new connections are closed at once.
+    #[arg(long, env = "VRAMGUARD_MAX_CONNECTIONS", default_value_t = webhook::server::MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_connections: u64,
     /// Serve admission reviews only: do not run the operator (which runs
     /// whenever the inventory comes from the cluster).
     #[arg(long, env = "VRAMGUARD_NO_OPERATOR", default_value_t = false)]
@@ -110,6 +118,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         cluster,
         tls_reload_secs,
         drain_secs,
+        idle_timeout_secs,
+        max_connections,
         no_operator,
         lease_namespace,
         lease_name,
@@ -193,7 +203,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         state.clone(),
         Duration::from_secs(SUMMARY_SECS),
     ));
-    let limits = webhook::Limits::default();
+    let limits = webhook::Limits {
+        idle_timeout: Duration::from_secs(idle_timeout_secs),
+        max_connections: usize::try_from(max_connections)
+            .unwrap_or(webhook::server::MAX_CONNECTIONS),
+        ..webhook::Limits::default()
+    };
     let connections = webhook::Connections::of(&state, limits);
     let router = webhook::router_with(state, limits);
     tracing::info!(%listen, "serving admission reviews");
