@@ -56,6 +56,31 @@ const CASES: &[(&str, &str, bool)] = &[
         true,
     ),
     (
+        "shared experts and a dense block",
+        "  model: {transformer: {layers: 4, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, experts: 8, expertsPerToken: 2, sharedIntermediateSize: 128, denseLayers: 1, denseIntermediateSize: 512}}\n",
+        true,
+    ),
+    (
+        "shared experts in a dense model",
+        "  model: {transformer: {layers: 4, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, sharedIntermediateSize: 128}}\n",
+        false,
+    ),
+    (
+        "dense blocks in a dense model",
+        "  model: {transformer: {layers: 4, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, denseLayers: 1, denseIntermediateSize: 512}}\n",
+        false,
+    ),
+    (
+        "dense blocks without their width",
+        "  model: {transformer: {layers: 4, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, experts: 8, expertsPerToken: 2, denseLayers: 1}}\n",
+        false,
+    ),
+    (
+        "every block dense",
+        "  model: {transformer: {layers: 4, hiddenSize: 64, attentionHeads: 8, vocabSize: 100, experts: 8, expertsPerToken: 2, denseLayers: 4, denseIntermediateSize: 512}}\n",
+        false,
+    ),
+    (
         "gpus not a multiple",
         "  model: {preset: gpt2}\n  parallelism: {gpus: 6, tensorParallel: 4}\n",
         false,

@@ -105,7 +105,9 @@ pub struct ModelSpec {
 #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "!has(self.kvHeads) || (self.kvHeads > 0 && self.attentionHeads % self.kvHeads == 0)", "message": "kvHeads must divide attentionHeads"},
         {"rule": "has(self.headDim) || self.hiddenSize % self.attentionHeads == 0", "message": "attentionHeads must divide hiddenSize unless headDim is set"},
-        {"rule": "!has(self.experts) || self.experts == 0 ? (!has(self.expertsPerToken) || self.expertsPerToken == 0) : (has(self.expertsPerToken) && self.expertsPerToken >= 1 && self.expertsPerToken <= self.experts)", "message": "expertsPerToken must be between 1 and experts (0 for dense models)"}
+        {"rule": "!has(self.experts) || self.experts == 0 ? (!has(self.expertsPerToken) || self.expertsPerToken == 0) : (has(self.expertsPerToken) && self.expertsPerToken >= 1 && self.expertsPerToken <= self.experts)", "message": "expertsPerToken must be between 1 and experts (0 for dense models)"},
+        {"rule": "(has(self.experts) && self.experts > 0) || ((!has(self.sharedIntermediateSize) || self.sharedIntermediateSize == 0) && (!has(self.denseLayers) || self.denseLayers == 0))", "message": "sharedIntermediateSize and denseLayers need experts > 0"},
+        {"rule": "!has(self.denseLayers) || self.denseLayers == 0 || (self.denseLayers < self.layers && has(self.denseIntermediateSize))", "message": "denseLayers must be fewer than layers and needs denseIntermediateSize"}
 ]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TransformerSpec {
@@ -145,6 +147,18 @@ pub struct TransformerSpec {
     /// Experts each token is routed to.
     #[serde(default)]
     pub experts_per_token: u64,
+    /// MLP width every token of an MoE block passes through beside its routed
+    /// experts: the shared experts together (DeepSeek-MoE: n_shared_experts ×
+    /// moe_intermediate_size; Qwen2-MoE: shared_expert_intermediate_size); 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_intermediate_size: u64,
+    /// Leading blocks of an MoE model whose MLP is dense, not routed
+    /// (DeepSeek's first_k_dense_replace); 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dense_layers: u64,
+    /// MLP width of those dense blocks (DeepSeek's intermediate_size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dense_intermediate_size: Option<u64>,
     /// Decoder blocks of an encoder-decoder model; default: layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder_layers: Option<u64>,
@@ -1023,4 +1037,9 @@ pub struct PlacedGpu {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
     pub product: String,
+}
+
+/// Serde's test for a count left out when zero.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -964,6 +964,17 @@ fn hint_mismatches(a: &Arch, p: &presets::Preset) -> Vec<String> {
         ("intermediateSize", a.intermediate, b.intermediate),
         ("vocabSize", a.vocab, b.vocab),
         ("experts", a.experts, b.experts),
+        (
+            "sharedIntermediateSize",
+            a.shared_intermediate,
+            b.shared_intermediate,
+        ),
+        ("denseLayers", a.dense_layers, b.dense_layers),
+        (
+            "denseIntermediateSize",
+            a.dense_intermediate,
+            b.dense_intermediate,
+        ),
     ];
     let mut out: Vec<String> = dims
         .iter()
@@ -1049,6 +1060,59 @@ fn transformer_arch(
         );
     }
     errs.at_most(&format!("{path}.experts"), t.experts, 1 << 16);
+    if t.experts == 0 {
+        for (name, v) in [
+            ("sharedIntermediateSize", t.shared_intermediate_size),
+            ("denseLayers", t.dense_layers),
+        ] {
+            if v != 0 {
+                errs.push(
+                    &format!("{path}.{name}"),
+                    format!("{v} needs experts > 0 (it describes an MoE model); leave it out for a dense model"),
+                );
+            }
+        }
+    }
+    errs.at_most(
+        &format!("{path}.sharedIntermediateSize"),
+        t.shared_intermediate_size,
+        MAX_DIM,
+    );
+    let dense_intermediate = match (t.dense_layers, t.dense_intermediate_size) {
+        (0, None) => 0,
+        (0, Some(_)) => {
+            errs.push(
+                &format!("{path}.denseIntermediateSize"),
+                "only used with denseLayers > 0",
+            );
+            0
+        }
+        (n, d) => {
+            if n >= t.layers {
+                errs.push(
+                    &format!("{path}.denseLayers"),
+                    format!(
+                        "{n} is not allowed; must be fewer than layers ({}): an MoE model with no routed block is a dense model",
+                        t.layers
+                    ),
+                );
+            }
+            match d {
+                Some(d) => {
+                    errs.at_least(&format!("{path}.denseIntermediateSize"), d, 1);
+                    errs.at_most(&format!("{path}.denseIntermediateSize"), d, MAX_DIM);
+                    d
+                }
+                None => {
+                    errs.push(
+                        &format!("{path}.denseIntermediateSize"),
+                        format!("missing; {n} dense blocks need their MLP width (DeepSeek's intermediate_size)"),
+                    );
+                    0
+                }
+            }
+        }
+    };
     errs.at_most(&format!("{path}.maxPositions"), t.max_positions, MAX_DIM);
     let decoder_layers = match (t.kind, t.decoder_layers) {
         (TransformerKind::EncoderDecoder, d) => {
@@ -1106,6 +1170,9 @@ fn transformer_arch(
         post_norms: t.post_norms.unwrap_or(false),
         attention_softcap: t.attention_softcap.unwrap_or(false),
         final_softcap: t.final_logit_softcap.unwrap_or(false),
+        shared_intermediate: t.shared_intermediate_size,
+        dense_layers: t.dense_layers,
+        dense_intermediate,
     };
     if let Some(p) = hint {
         let differ = hint_mismatches(&arch, p);

@@ -199,11 +199,10 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
     bytes
 }
 
-/// MLP interior bytes per token (dense, or the routed experts of an MoE).
-fn mlp(a: &Arch, c: &ActContext) -> f64 {
+/// MLP interior bytes per token of one dense MLP of width `i`.
+fn dense_mlp(a: &Arch, c: &ActContext, i: f64) -> f64 {
     let e = c.elem;
     let h = a.hidden as f64;
-    let i = a.intermediate as f64;
     let saves_in = linear_saves_input(c) && !c.quantized;
     let one = match a.mlp {
         // gate and up outputs (kept by SiLU and the product), SiLU output,
@@ -226,14 +225,33 @@ fn mlp(a: &Arch, c: &ActContext) -> f64 {
         c,
         &[(&["gate_proj"], h), (&["up_proj"], h), (&["down_proj"], i)],
     );
-    if a.experts > 0 {
-        let k = a.experts_per_token as f64;
-        // Each token visits k experts; the router keeps fp32 logits and the
-        // dispatch keeps a permuted copy of the hidden state per expert.
-        (one + lora) * k + 4.0 * a.experts as f64 + 2.0 * e * h * k
-    } else {
-        one + lora
+    one + lora
+}
+
+/// MLP interior bytes per token of one block, averaged over the blocks: a
+/// dense MLP, or an MoE layer's routed experts (with the router and the
+/// dispatch) and shared experts, and an MoE model's leading dense blocks.
+fn mlp(a: &Arch, c: &ActContext) -> f64 {
+    let i = a.intermediate as f64;
+    if a.experts == 0 {
+        return dense_mlp(a, c, i);
     }
+    let e = c.elem;
+    let h = a.hidden as f64;
+    let k = a.experts_per_token as f64;
+    // Each token visits k experts; the router keeps fp32 logits and the
+    // dispatch keeps a permuted copy of the hidden state per expert.
+    let mut moe = dense_mlp(a, c, i) * k + 4.0 * a.experts as f64 + 2.0 * e * h * k;
+    if a.shared_intermediate > 0 {
+        moe += dense_mlp(a, c, a.shared_intermediate as f64);
+    }
+    let layers = a.layers.max(1) as f64;
+    let dense = a.layers.saturating_sub(a.moe_layers()) as f64;
+    if dense == 0.0 {
+        return moe;
+    }
+    let dense_one = dense_mlp(a, c, a.dense_intermediate as f64);
+    (moe * (layers - dense) + dense_one * dense) / layers
 }
 
 /// A trained scale on a linear's output (`scale * linear(x)`) keeps that
@@ -308,12 +326,7 @@ pub fn kept_bytes_per_token(
             let e = c.elem;
             let tp = c.tensor_parallel.max(1.0);
             let scores = score_bytes(a, c);
-            let k = if a.experts > 0 {
-                a.experts_per_token as f64
-            } else {
-                1.0
-            };
-            let act = e * a.intermediate as f64 * k;
+            let act = e * a.mlp_width_per_token();
             (full - (scores + act) / tp).max(block_input_bytes_per_token(a, c))
         }
     };
@@ -333,12 +346,7 @@ fn op_selective_bytes_per_token(a: &Arch, c: &ActContext) -> f64 {
     let h = a.hidden as f64;
     let q = (a.heads * a.head_dim) as f64;
     let kv = (a.kv_heads * a.head_dim) as f64;
-    let k = if a.experts > 0 {
-        a.experts_per_token as f64
-    } else {
-        1.0
-    };
-    let i = a.intermediate as f64 * k;
+    let i = a.mlp_width_per_token();
     let tp = c.tensor_parallel.max(1.0);
     let saved_mm = match a.mlp {
         // q, v, gate (w1), down (w2): the 1st, 3rd, 5th and 7th of seven.

@@ -70,9 +70,44 @@ pub struct Arch {
     /// Logits pass through `tanh(z / cap) * cap` before the loss, which
     /// keeps the tanh output per token for backward.
     pub final_softcap: bool,
+    /// MLP width every token of an MoE layer passes through beside its
+    /// routed experts: the shared experts together (DeepSeek-MoE's
+    /// `n_shared_experts × moe_intermediate_size`, Qwen2-MoE's
+    /// `shared_expert_intermediate_size`); 0 for none.
+    pub shared_intermediate: u64,
+    /// Leading blocks whose MLP is dense instead of routed (DeepSeek's
+    /// `first_k_dense_replace`); 0 for none.
+    pub dense_layers: u64,
+    /// MLP width of those dense blocks.
+    pub dense_intermediate: u64,
 }
 
 impl Arch {
+    /// Blocks whose MLP routes to experts (all of them in a plain MoE; none
+    /// in a dense model).
+    pub fn moe_layers(&self) -> u64 {
+        if self.experts == 0 {
+            0
+        } else {
+            self.layers.saturating_sub(self.dense_layers)
+        }
+    }
+
+    /// MLP widths a token passes through in one block, averaged over the
+    /// blocks (a dense block's intermediate; an MoE block's routed experts
+    /// and shared width), with the routed experts' count per token: what a
+    /// block keeps per token for the MLP scales with it.
+    pub fn mlp_width_per_token(&self) -> f64 {
+        if self.experts == 0 {
+            return self.intermediate as f64;
+        }
+        let moe = self.intermediate as f64 * self.experts_per_token as f64
+            + self.shared_intermediate as f64;
+        let layers = self.layers.max(1) as f64;
+        let dense = self.dense_layers.min(self.layers) as f64;
+        (moe * (layers - dense) + self.dense_intermediate as f64 * dense) / layers
+    }
+
     /// A Llama-style decoder: RMSNorm, gated MLP, rotary positions, no biases.
     #[allow(clippy::too_many_arguments)]
     pub const fn llama(
@@ -108,6 +143,9 @@ impl Arch {
             post_norms: false,
             attention_softcap: false,
             final_softcap: false,
+            shared_intermediate: 0,
+            dense_layers: 0,
+            dense_intermediate: 0,
         }
     }
 }

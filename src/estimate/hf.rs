@@ -15,6 +15,7 @@ pub const MODEL_TYPES: &[&str] = &[
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "deepseek",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -74,6 +75,23 @@ impl Reader<'_> {
         }
     }
 
+    /// A count that may be 0 under `key`, `default` when absent.
+    fn count(&mut self, key: &str, default: u64) -> u64 {
+        match self.map.get(key) {
+            None | Some(Value::Null) => default,
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= MAX_DIM => n,
+                _ => {
+                    self.err(
+                        key,
+                        format!("{v} is not allowed; expected an integer from 0 to {MAX_DIM}"),
+                    );
+                    0
+                }
+            },
+        }
+    }
+
     fn flag(&mut self, key: &str, default: bool) -> bool {
         match self.map.get(key) {
             None | Some(Value::Null) => default,
@@ -127,7 +145,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
     };
     let arch = match model_type.as_str() {
         "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe"
-        | "gemma" | "gemma2" | "gemma3_text" | "phi3" => llama_like(&mut r, &model_type),
+        | "deepseek" | "gemma" | "gemma2" | "gemma3_text" | "phi3" => {
+            llama_like(&mut r, &model_type)
+        }
         "gemma3" => {
             r.err(
                 "model_type",
@@ -143,9 +163,11 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 format!(
                     "{model_type} uses multi-head latent attention, which the transformer \
                      shape cannot express; describe it with spec.model.transformer (its \
-                     routed experts as experts and expertsPerToken) and say the attention \
-                     widths as kvHeads and headDim, or use spec.model.custom with its \
-                     parameter count"
+                     routed experts as experts and expertsPerToken, n_shared_experts × \
+                     moe_intermediate_size as sharedIntermediateSize, first_k_dense_replace \
+                     as denseLayers with intermediate_size as denseIntermediateSize) and say \
+                     the attention widths as kvHeads and headDim, or use spec.model.custom \
+                     with its parameter count"
                 ),
             );
             return Err(r.errs);
@@ -178,6 +200,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 post_norms: false,
                 attention_softcap: false,
                 final_softcap: false,
+                shared_intermediate: 0,
+                dense_layers: 0,
+                dense_intermediate: 0,
             }
         }
         "gpt2" => {
@@ -205,6 +230,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 post_norms: false,
                 attention_softcap: false,
                 final_softcap: false,
+                shared_intermediate: 0,
+                dense_layers: 0,
+                dense_intermediate: 0,
             }
         }
         "gpt_neox" => {
@@ -232,6 +260,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 post_norms: false,
                 attention_softcap: false,
                 final_softcap: false,
+                shared_intermediate: 0,
+                dense_layers: 0,
+                dense_intermediate: 0,
             }
         }
         "falcon" => {
@@ -269,6 +300,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 post_norms: false,
                 attention_softcap: false,
                 final_softcap: false,
+                shared_intermediate: 0,
+                dense_layers: 0,
+                dense_intermediate: 0,
             }
         }
         "bert" | "roberta" => {
@@ -296,6 +330,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 post_norms: false,
                 attention_softcap: false,
                 final_softcap: false,
+                shared_intermediate: 0,
+                dense_layers: 0,
+                dense_intermediate: 0,
             }
         }
         "t5" => {
@@ -329,6 +366,9 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 post_norms: false,
                 attention_softcap: false,
                 final_softcap: false,
+                shared_intermediate: 0,
+                dense_layers: 0,
+                dense_intermediate: 0,
             }
         }
         other => {
@@ -393,15 +433,63 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
             r.dim(&["num_experts_per_tok"], None),
             r.dim(&["intermediate_size"], None),
         ),
-        // Routed experts only; the shared expert is not modelled separately.
-        // Qwen3-MoE has no shared expert.
+        // Qwen3-MoE has no shared expert; Qwen2-MoE's is read below.
         "qwen2_moe" | "qwen3_moe" => (
             r.dim(&["num_experts"], None),
             r.dim(&["num_experts_per_tok"], None),
             r.dim(&["moe_intermediate_size"], None),
         ),
+        "deepseek" => (
+            r.dim(&["n_routed_experts"], None),
+            r.dim(&["num_experts_per_tok"], None),
+            r.dim(&["moe_intermediate_size"], None),
+        ),
         _ => (0, 0, r.dim(&["intermediate_size"], None)),
     };
+    // The MLP every token passes through beside its routed experts, and the
+    // leading dense blocks. Qwen2MoeSparseMoeBlock: one shared expert of
+    // shared_expert_intermediate_size (its 1-wide gate is not counted);
+    // DeepseekMoE: n_shared_experts experts of moe_intermediate_size in one
+    // MLP, and the first first_k_dense_replace blocks dense with
+    // intermediate_size (modeling_deepseek.py, deepseek-ai/deepseek-moe-16b-base).
+    let (shared_intermediate, dense_layers, dense_intermediate) = match model_type {
+        "qwen2_moe" => {
+            if r.count("decoder_sparse_step", 1) > 1 {
+                r.err(
+                    "decoder_sparse_step",
+                    "only every block routed (1) is read here; describe a model with dense \
+                     blocks between routed ones with spec.model.transformer",
+                );
+            }
+            (r.count("shared_expert_intermediate_size", 0), 0, 0)
+        }
+        "deepseek" => {
+            if r.count("moe_layer_freq", 1) != 1 {
+                r.err(
+                    "moe_layer_freq",
+                    "only 1 (every block after the dense ones routed) is read here; describe \
+                     other layouts with spec.model.transformer",
+                );
+            }
+            let shared = r.count("n_shared_experts", 0).saturating_mul(intermediate);
+            let dense = r.count("first_k_dense_replace", 0);
+            let dense_width = if dense > 0 {
+                r.dim(&["intermediate_size"], None)
+            } else {
+                0
+            };
+            (shared, dense, dense_width)
+        }
+        _ => (0, 0, 0),
+    };
+    if experts > 0 && dense_layers >= layers {
+        r.err(
+            "first_k_dense_replace",
+            format!(
+                "{dense_layers} is not allowed; must be fewer than num_hidden_layers ({layers})"
+            ),
+        );
+    }
     let qkv_bias = matches!(model_type, "qwen2" | "qwen2_moe");
     let gemma2 = model_type == "gemma2";
     // Gemma 3 keeps Gemma 2's norms after attention and MLP and drops soft-capping for
@@ -433,6 +521,9 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
         post_norms,
         attention_softcap,
         final_softcap,
+        shared_intermediate,
+        dense_layers,
+        dense_intermediate,
     }
 }
 
@@ -571,5 +662,38 @@ mod tests {
         let arch = arch_from_config(&c).unwrap();
         assert_eq!((arch.experts, arch.experts_per_token), (8, 2));
         assert_eq!(arch, presets::find("mixtral-8x7b").unwrap().arch);
+    }
+
+    #[test]
+    fn deepseek_moe_reads_its_shared_experts_and_dense_blocks() {
+        let mut v = serde_json::json!({
+            "model_type": "deepseek", "num_hidden_layers": 28, "hidden_size": 2048,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 10944,
+            "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+            "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+            "vocab_size": 102400, "tie_word_embeddings": false
+        });
+        let arch = arch_from_config(&config(v.clone())).unwrap();
+        assert_eq!(arch, presets::find("deepseek-moe-16b").unwrap().arch);
+        v["first_k_dense_replace"] = serde_json::json!(28);
+        v["moe_layer_freq"] = serde_json::json!(2);
+        let errs = format!("{:?}", arch_from_config(&config(v)).unwrap_err());
+        assert!(
+            errs.contains("first_k_dense_replace") && errs.contains("moe_layer_freq"),
+            "{errs}"
+        );
+    }
+
+    #[test]
+    fn qwen2_moe_reads_its_shared_expert() {
+        let c = config(serde_json::json!({
+            "model_type": "qwen2_moe", "num_hidden_layers": 24, "hidden_size": 2048,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+            "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+            "num_experts": 60, "num_experts_per_tok": 4, "vocab_size": 151936,
+            "tie_word_embeddings": false
+        }));
+        let arch = arch_from_config(&c).unwrap();
+        assert_eq!(arch, presets::find("qwen1.5-moe-a2.7b").unwrap().arch);
     }
 }

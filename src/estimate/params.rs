@@ -47,29 +47,42 @@ fn attention(a: &Arch) -> Option<(u64, u64, u64)> {
     Some((matrices, small, largest))
 }
 
-/// Matrices and small parameters of one MLP (all experts).
-fn mlp(a: &Arch) -> Option<(u64, u64, u64)> {
-    let per_matrix = mul(a.hidden, a.intermediate)?;
+/// Matrices, small parameters and largest matrix of one dense MLP of width `i`.
+fn dense_mlp(a: &Arch, i: u64) -> Option<(u64, u64, u64)> {
+    let per_matrix = mul(a.hidden, i)?;
     let n = match a.mlp {
         Mlp::Gated => 3,
         Mlp::Standard => 2,
     };
-    let one = mul(per_matrix, n)?;
-    let experts = a.experts.max(1);
-    let mut matrices = mul(one, experts)?;
-    if a.experts > 0 {
-        // Router: hidden → experts.
-        matrices = add(matrices, mul(a.hidden, a.experts)?)?;
+    let small = if a.linear_bias {
+        match a.mlp {
+            Mlp::Gated => add(mul(i, 2)?, a.hidden)?,
+            Mlp::Standard => add(i, a.hidden)?,
+        }
+    } else {
+        0
+    };
+    Some((mul(per_matrix, n)?, small, per_matrix))
+}
+
+/// Matrices and small parameters of one MLP: dense, or an MoE layer's
+/// experts, router and shared experts.
+fn mlp(a: &Arch) -> Option<(u64, u64, u64)> {
+    let (one, one_small, largest) = dense_mlp(a, a.intermediate)?;
+    if a.experts == 0 {
+        return Some((one, one_small, largest));
     }
-    let mut small = 0;
-    if a.linear_bias {
-        let per = match a.mlp {
-            Mlp::Gated => add(mul(a.intermediate, 2)?, a.hidden)?,
-            Mlp::Standard => add(a.intermediate, a.hidden)?,
-        };
-        small = mul(per, experts)?;
+    // Routed experts and the router (hidden → experts).
+    let mut matrices = add(mul(one, a.experts)?, mul(a.hidden, a.experts)?)?;
+    let mut small = mul(one_small, a.experts)?;
+    let mut largest = largest;
+    if a.shared_intermediate > 0 {
+        let (m, s, l) = dense_mlp(a, a.shared_intermediate)?;
+        matrices = add(matrices, m)?;
+        small = add(small, s)?;
+        largest = largest.max(l);
     }
-    Some((matrices, small, per_matrix))
+    Some((matrices, small, largest))
 }
 
 fn norm_params(a: &Arch) -> Option<u64> {
@@ -88,8 +101,18 @@ pub fn count(a: &Arch, head: Head, num_labels: u64) -> Option<Counts> {
 
     let enc_block_m = add(attn_m, mlp_m)?;
     let enc_block_s = add(add(attn_s, mlp_s)?, mul(norm, norms_per_block)?)?;
-    let mut linear = mul(enc_block_m, a.layers)?;
-    let mut small = mul(enc_block_s, a.layers)?;
+    // Leading dense blocks of an MoE model (DeepSeek's first_k_dense_replace).
+    let dense = a.layers.saturating_sub(a.moe_layers());
+    let routed = a.layers - dense;
+    let (dense_m, dense_s, dense_l) = if dense > 0 && a.experts > 0 {
+        dense_mlp(a, a.dense_intermediate)?
+    } else {
+        (mlp_m, mlp_s, mlp_l)
+    };
+    let dense_block_m = add(attn_m, dense_m)?;
+    let dense_block_s = add(add(attn_s, dense_s)?, mul(norm, norms_per_block)?)?;
+    let mut linear = add(mul(enc_block_m, routed)?, mul(dense_block_m, dense)?)?;
+    let mut small = add(mul(enc_block_s, routed)?, mul(dense_block_s, dense)?)?;
     let mut blocks = a.layers;
     if a.kind == Kind::EncoderDecoder {
         // Decoder blocks add cross-attention and its norm.
@@ -132,46 +155,99 @@ pub fn count(a: &Arch, head: Head, num_labels: u64) -> Option<Counts> {
     let total = add(add(add(embedding, head_params)?, linear)?, small)?;
     let largest_matrix = attn_l
         .max(mlp_l)
+        .max(dense_l)
         .max(mul(a.vocab, a.hidden)?)
         .max(head_params);
     Some(Counts {
         total,
         embedding,
         head: head_params,
-        block_linear: enc_block_m.max(linear.checked_div(blocks.max(1)).unwrap_or(0)),
+        block_linear: enc_block_m
+            .max(dense_block_m)
+            .max(linear.checked_div(blocks.max(1)).unwrap_or(0)),
         linear,
         small,
         largest_matrix,
     })
 }
 
-/// Trainable LoRA parameters for `targets` of rank `rank`.
+/// An MLP projection that LoRA can target in `a`.
+fn is_mlp_target(a: &Arch, t: &str) -> bool {
+    matches!(t, "up_proj" | "down_proj") || (t == "gate_proj" && a.mlp == Mlp::Gated)
+}
+
+/// Trainable LoRA parameters for `targets` of rank `rank`. The MLP targets
+/// match every expert's projections, the shared experts' and the leading
+/// dense blocks' (PEFT matches module names, which all of them share).
 pub fn lora(a: &Arch, rank: u64, targets: &[String]) -> Option<u64> {
     let q = mul(a.heads, a.head_dim)?;
     let kv = mul(a.kv_heads, a.head_dim)?;
     let h = a.hidden;
-    let i = a.intermediate;
-    let experts = a.experts.max(1);
-    let mut per_block = 0u64;
-    let mut extra = 0u64;
+    // One MLP projection's LoRA pair per block kind, times how many there are.
+    let routed_layers = a.moe_layers();
+    let dense_layers = a.layers.saturating_sub(routed_layers);
+    let dense_width = if a.experts > 0 && dense_layers > 0 {
+        a.dense_intermediate
+    } else {
+        a.intermediate
+    };
+    // (width, count) of the MLPs of every block: dense blocks' one MLP; MoE
+    // blocks' experts and shared MLP.
+    let mlps: [(u64, u64); 3] = [
+        (dense_width, dense_layers),
+        (a.intermediate, mul(routed_layers, a.experts)?),
+        (
+            a.shared_intermediate,
+            if a.shared_intermediate > 0 {
+                routed_layers
+            } else {
+                0
+            },
+        ),
+    ];
+    let mut attention = 0u64;
+    let mut total = 0u64;
     for t in targets {
-        let (inp, out, times) = match t.as_str() {
-            "q_proj" => (h, q, 1),
-            "k_proj" | "v_proj" => (h, kv, 1),
-            "o_proj" => (q, h, 1),
-            "gate_proj" if a.mlp == Mlp::Gated => (h, i, experts),
-            "up_proj" => (h, i, experts),
-            "down_proj" => (i, h, experts),
+        let (inp, out) = match t.as_str() {
+            "q_proj" => (h, q),
+            "k_proj" | "v_proj" => (h, kv),
+            "o_proj" => (q, h),
             "lm_head" => {
-                extra = add(extra, mul(rank, add(h, a.vocab)?)?)?;
+                total = add(total, mul(rank, add(h, a.vocab)?)?)?;
                 continue;
             }
+            "gate_proj" if a.mlp == Mlp::Gated => (h, h),
+            "up_proj" | "down_proj" => (h, h),
             _ => continue,
         };
-        per_block = add(per_block, mul(mul(rank, add(inp, out)?)?, times)?)?;
+        if !is_mlp_target(a, t) {
+            attention = add(attention, mul(rank, add(inp, out)?)?)?;
+            continue;
+        }
+        // An MLP projection: hidden on one side, the MLP's width on the other.
+        for (width, count) in mlps {
+            total = add(total, mul(mul(rank, add(h, width)?)?, count)?)?;
+        }
     }
     let blocks = add(a.layers, a.decoder_layers)?;
-    add(mul(per_block, blocks)?, extra)
+    // Encoder-decoder decoders repeat the dense MLP.
+    if a.decoder_layers > 0 {
+        let per = targets
+            .iter()
+            .filter(|t| {
+                matches!(t.as_str(), "up_proj" | "down_proj")
+                    || (t.as_str() == "gate_proj" && a.mlp == Mlp::Gated)
+            })
+            .count() as u64;
+        total = add(
+            total,
+            mul(
+                mul(per, mul(rank, add(h, a.intermediate)?)?)?,
+                a.decoder_layers,
+            )?,
+        )?;
+    }
+    add(mul(attention, blocks)?, total)
 }
 
 #[cfg(test)]
@@ -217,5 +293,20 @@ mod tests {
         let a = crate::estimate::presets::find("llama-2-7b").unwrap().arch;
         let n = lora(&a, 8, &["q_proj".into(), "v_proj".into()]).unwrap();
         assert_eq!(n, 32 * 2 * 8 * (4096 + 4096));
+    }
+
+    #[test]
+    fn lora_on_an_mlp_projection_counts_every_expert_the_shared_ones_and_dense_blocks() {
+        let a = crate::estimate::presets::find("deepseek-moe-16b")
+            .unwrap()
+            .arch;
+        let (r, h) = (8, 2048);
+        let got = lora(&a, r, &["down_proj".to_string()]).unwrap();
+        // One dense block (10944 wide), 27 MoE blocks of 64 experts (1408 wide)
+        // and their shared MLP (2 × 1408 wide).
+        let want = r * (h + 10944) + 27 * 64 * r * (h + 1408) + 27 * r * (h + 2816);
+        assert_eq!(got, want);
+        let attention = lora(&a, r, &["q_proj".to_string()]).unwrap();
+        assert_eq!(attention, 28 * r * (h + h));
     }
 }

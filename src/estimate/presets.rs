@@ -49,6 +49,9 @@ const fn gpt2(layers: u64, hidden: u64, heads: u64) -> Arch {
         post_norms: false,
         attention_softcap: false,
         final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
     }
 }
 
@@ -86,6 +89,9 @@ const fn bert(
         post_norms: false,
         attention_softcap: false,
         final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
     }
 }
 
@@ -140,6 +146,9 @@ const fn phi(layers: u64, hidden: u64, heads: u64, intermediate: u64) -> Arch {
         post_norms: false,
         attention_softcap: false,
         final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
     }
 }
 
@@ -169,6 +178,9 @@ const fn neox(layers: u64, hidden: u64, heads: u64, vocab: u64) -> Arch {
         post_norms: false,
         attention_softcap: false,
         final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
     }
 }
 
@@ -180,6 +192,9 @@ const fn gemma2(llama: Arch) -> Arch {
         post_norms: true,
         attention_softcap: true,
         final_softcap: true,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
         ..llama
     }
 }
@@ -210,6 +225,9 @@ const fn t5(layers: u64, hidden: u64, heads: u64, intermediate: u64) -> Arch {
         post_norms: false,
         attention_softcap: false,
         final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
     }
 }
 
@@ -425,6 +443,43 @@ pub const PRESETS: &[Preset] = &[
             experts: 8,
             experts_per_token: 2,
             ..Arch::llama(32, 4096, 32, 8, 128, 14336, 32000, false)
+        },
+    },
+    // ---- MoE with shared experts ----
+    // source: deepseek-ai/deepseek-moe-16b-base/config.json (model_type deepseek: 64 routed
+    // experts of 1408, 6 per token, 2 shared experts of 1408 in one MLP, the first block
+    // dense with 10944; multi-head attention, not the latent attention of DeepSeek-V2/V3)
+    Preset {
+        name: "deepseek-moe-16b",
+        aliases: &[
+            "deepseek-ai/deepseek-moe-16b-base",
+            "deepseek-ai/deepseek-moe-16b-chat",
+        ],
+        hf_id: "deepseek-ai/deepseek-moe-16b-base",
+        // Model card: 16.4B.
+        published_parameters: 16_400_000_000,
+        arch: Arch {
+            experts: 64,
+            experts_per_token: 6,
+            shared_intermediate: 2 * 1408,
+            dense_layers: 1,
+            dense_intermediate: 10944,
+            ..Arch::llama(28, 2048, 16, 16, 128, 1408, 102400, false)
+        },
+    },
+    // source: Qwen/Qwen1.5-MoE-A2.7B/config.json (model_type qwen2_moe: 60 routed experts
+    // of 1408, 4 per token, one shared expert of 5632 whose 1-wide gate is not counted)
+    Preset {
+        name: "qwen1.5-moe-a2.7b",
+        aliases: &["Qwen/Qwen1.5-MoE-A2.7B", "Qwen/Qwen1.5-MoE-A2.7B-Chat"],
+        hf_id: "Qwen/Qwen1.5-MoE-A2.7B",
+        // Model card: 14.3B in all, 2.7B activated.
+        published_parameters: 14_300_000_000,
+        arch: Arch {
+            experts: 60,
+            experts_per_token: 4,
+            shared_intermediate: 5632,
+            ..qwen2(24, 2048, 16, 16, 1408, 151936, false)
         },
     },
     // ---- Qwen2.5 ----
@@ -677,6 +732,9 @@ pub const PRESETS: &[Preset] = &[
             post_norms: false,
             attention_softcap: false,
             final_softcap: false,
+            shared_intermediate: 0,
+            dense_layers: 0,
+            dense_intermediate: 0,
         },
     },
     // ---- StableLM ----

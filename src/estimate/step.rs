@@ -858,7 +858,7 @@ fn transformer_stage(
     let inputs = b * s * 16.0 + t.data_on_gpu_bytes as f64 + unmodelled;
 
     // ---- Temporaries ----
-    let i_width = arch.intermediate as f64 * arch.experts_per_token.max(1) as f64 / tp;
+    let i_width = arch.mlp_width_per_token() / tp;
     let dequant = match job.quantization {
         Quantization::None => 0.0,
         Quantization::Int8 => largest_matrix * elem,
