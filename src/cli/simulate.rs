@@ -61,7 +61,7 @@ pub fn run(
             }
         }
     };
-    let scenario = match simulate::scenario::parse(&text) {
+    let scenario = match simulate::scenario::parse_within(&text, memory_available()) {
         Ok(s) => s,
         Err(e) => {
             let _ = writeln!(err, "error: {}: {e}", file.display());
@@ -93,4 +93,19 @@ pub fn run(
     } else {
         EXIT_DOES_NOT_FIT
     }
+}
+
+/// Memory the system can give this process without swapping (Linux's
+/// `MemAvailable`); `None` where it cannot be read.
+fn memory_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }

@@ -361,11 +361,25 @@ fn check_name(name: &str, path: &str, max: usize) -> Result<(), ScenarioError> {
     }
 }
 
-/// At most this many jobs in one scenario.
-pub const MAX_JOBS: u64 = 1_000_000;
+/// At most this many jobs in one scenario: at [`MEMORY_PER_JOB`], some 8 GiB.
+pub const MAX_JOBS: u64 = 50_000;
+
+/// Memory a simulated job takes over a whole run (its objects in the API
+/// server, the operator's and the reflectors' copies, its records, and the
+/// baseline run's share), with room above what was measured: the generated
+/// day of `cargo bench --bench simulate` peaks at 1.24 GiB for 10 000 jobs
+/// (130 KiB a job), the `burst` scenario with 20 000 waiting jobs at 440 MiB.
+pub const MEMORY_PER_JOB: u64 = 160 * 1024;
 
 /// Read and check a scenario.
 pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+    parse_within(text, None)
+}
+
+/// Read and check a scenario that has `memory` bytes to run in (`None`: no
+/// bound but [`MAX_JOBS`]): one that would need more is refused before
+/// anything is built, with the numbers.
+pub fn parse_within(text: &str, memory: Option<u64>) -> Result<Scenario, ScenarioError> {
     let mut docs = api::parse::documents(text).map_err(|e| ScenarioError::Syntax(e.to_string()))?;
     if docs.len() != 1 {
         return Err(ScenarioError::Syntax(format!(
@@ -471,6 +485,20 @@ pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
             "jobs",
             format!(
                 "{asked} jobs in all (entries' counts and bursts); at most {MAX_JOBS}: split the day into several scenarios"
+            ),
+        ));
+    }
+    let needed = asked.saturating_mul(MEMORY_PER_JOB);
+    if let Some(memory) = memory.filter(|m| needed > *m) {
+        const GIB: f64 = (1u64 << 30) as f64;
+        return Err(field(
+            "jobs",
+            format!(
+                "{asked} jobs in all need about {:.1} GiB to simulate ({} KiB a job) and {:.1} GiB of memory is available: split the day into scenarios of at most {} jobs",
+                needed as f64 / GIB,
+                MEMORY_PER_JOB / 1024,
+                memory as f64 / GIB,
+                memory / MEMORY_PER_JOB
             ),
         ));
     }
@@ -766,10 +794,22 @@ faults:
         let e = parse(&text).unwrap_err();
         assert!(
             e.to_string().starts_with(
-                "jobs: 100000003 jobs in all (entries' counts and bursts); at most 1000000"
+                "jobs: 100000003 jobs in all (entries' counts and bursts); at most 50000"
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_scenario_that_would_not_fit_in_memory_is_refused_with_the_numbers() {
+        let text = SMALL.replace("count: 2}", "count: 20000}");
+        // 20 003 jobs at 160 KiB need 3.1 GiB.
+        let e = parse_within(&text, Some(2 << 30)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("jobs: 20003 jobs in all need about 3.1 GiB to simulate (160 KiB a job) and 2.0 GiB of memory is available: split the day into scenarios of at most 13107 jobs"),
+            "{e}"
+        );
+        assert!(parse_within(&text, Some(4 << 30)).is_ok());
     }
 
     #[test]
