@@ -7,6 +7,7 @@ pub mod agent;
 pub mod api;
 pub mod apiserver;
 pub mod cli;
+pub mod decide;
 pub mod estimate;
 pub mod inventory;
 pub mod metrics;

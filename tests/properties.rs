@@ -18,6 +18,7 @@ use vramguard::api::{
 use vramguard::estimate::presets::PRESETS;
 use vramguard::estimate::{self, GpuProduct, gpus::GPUS};
 use vramguard::inventory::{Snapshot, Source, Static};
+use vramguard::operator::admit::Decision;
 use vramguard::plan::{self, GpuView, effective_batch};
 use vramguard::webhook::decide;
 use vramguard::webhook::review::{Object, Review};
@@ -676,6 +677,24 @@ fn example_snapshot() -> (Snapshot, Timestamp) {
     (Static::new(nodes, now.as_second()).snapshot(), now)
 }
 
+/// The example cluster with each GPU's free memory cut to a share of its
+/// total (`shares` taken in turn): a cluster partly busy.
+fn busy_snapshot(shares: &[f64]) -> (Snapshot, Timestamp) {
+    let (snapshot, now) = example_snapshot();
+    let mut nodes = snapshot.nodes.to_vec();
+    let mut turn = shares.iter().cycle();
+    for n in &mut nodes {
+        for g in n.status.iter_mut().flat_map(|s| s.gpus.iter_mut()) {
+            let share = turn.next().copied().unwrap_or(1.0);
+            let free = (g.total_bytes as f64 * share) as u64;
+            g.free_bytes = free.min(g.free_bytes);
+            g.used_bytes = g.total_bytes - g.free_bytes;
+            g.largest_free_block_bytes = g.largest_free_block_bytes.map(|b| b.min(g.free_bytes));
+        }
+    }
+    (Static::new(nodes, now.as_second()).snapshot(), now)
+}
+
 /// A CREATE review of a TrainingJob named `name` with `spec`, as the API
 /// server sends it.
 fn review_of(name: &str, spec: &TrainingJobSpec) -> Vec<u8> {
@@ -766,5 +785,66 @@ proptest! {
         let total: usize = d.warnings.iter().map(String::len).sum();
         prop_assert!(d.warnings.iter().all(|w| w.len() <= decide::MAX_WARNING));
         prop_assert!(total <= 4096, "{total} bytes of warnings");
+    }
+
+    /// One decision for both doors: on the same inventory (partly busy), what
+    /// the webhook tells a user at `kubectl apply` is what the operator then
+    /// does with no other job in the way: a job it runs as written gets no
+    /// warning, one it runs shrunk gets "vramguard will run this on <the
+    /// product it places on> with <the plan's changes>", one it keeps waiting
+    /// gets "cluster busy now", and one it rejects is denied by the webhook
+    /// (or admitted with "no node can take it now" when empty GPUs would
+    /// take it).
+    #[test]
+    fn the_webhook_promises_what_the_operator_does(
+        spec in spec(),
+        policy in fit_policy(),
+        shares in prop::collection::vec(prop::sample::select(vec![0.02, 0.1, 0.3, 0.6, 1.0]), 1..6),
+    ) {
+        let spec = TrainingJobSpec { fit_policy: policy, ..spec };
+        let Ok(job) = validate(&spec) else { return Ok(()) };
+        let (snapshot, now) = busy_snapshot(&shares);
+        let body = review_of("j", &spec);
+        let review: Review<'_, Object> = serde_json::from_slice(&body).expect("the review reads");
+        let d = decide::review(review.request.expect("a request"), &snapshot, now);
+        let scale = snapshot.learnt_scale(&spec);
+        let operator = vramguard::operator::admit::decide(
+            &job,
+            &snapshot,
+            &plan::ReservationIndex::new(),
+            &[],
+            now,
+            scale,
+        );
+        let Ok(operator) = operator else { return Ok(()) };
+        let said = d.warnings.join(" | ");
+        match operator {
+            Decision::Admit(a) if a.plan.changes.is_empty() => {
+                prop_assert!(d.allowed, "the operator runs it as written; the webhook denied: {}", d.status.message);
+                prop_assert!(d.warnings.is_empty(), "runs as written now, yet warned: {said}");
+            }
+            Decision::Admit(a) => {
+                let product = &a.placement.devices[0].gpus[0].product;
+                let promise = format!(
+                    "vramguard will run this on {product} with {}",
+                    a.plan.changes.join(", ")
+                );
+                prop_assert!(d.allowed, "the operator runs it shrunk; the webhook denied: {}", d.status.message);
+                prop_assert!(
+                    d.warnings.iter().any(|w| promise.starts_with(w.trim_end_matches("...")) || *w == promise),
+                    "the operator runs {promise:?}; the webhook said {said}"
+                );
+            }
+            Decision::Wait(_) => {
+                prop_assert!(d.allowed, "the operator waits; the webhook denied: {}", d.status.message);
+                prop_assert!(said.contains("cluster busy now"), "the operator waits; the webhook said {said}");
+            }
+            Decision::Reject(r) => {
+                prop_assert!(
+                    !d.allowed || said.contains("no node can take it now"),
+                    "the operator rejects ({r}); the webhook allowed it saying {said:?}"
+                );
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
 use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
+use crate::decide::{self, Choice};
 use crate::estimate::{self, Estimate, GpuProduct, gpus};
 use crate::plan::{self, Advice, Binding, GpuView, PlaceOutcome, Plan, Verdict};
 
@@ -140,9 +141,13 @@ pub struct JobReport {
     /// asked about; absent when none fits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<ChosenPlan>,
-    /// With `--cluster`: where the job would run (decision placed | wait | reject).
+    /// With `--cluster`: what the webhook and the operator would do with it on
+    /// that inventory (decision placed | wait | reject), by their one rule.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<PlaceOutcome>,
+    /// With `--cluster`, when it is placed only after changes: the plan it runs with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placed_with: Option<Plan>,
     #[serde(skip)]
     pub job: Option<ValidatedJob>,
 }
@@ -288,6 +293,7 @@ pub fn report(
         fits: verdicts.iter().any(|v| v.verdict.fits),
         plan,
         placement: None,
+        placed_with: None,
         verdicts,
         estimate: est.status,
         job: Some(job.clone()),
@@ -361,10 +367,29 @@ fn place_all(
         .filter_map(|n| n.status.as_ref()?.probe_time.as_ref().map(|t| t.0))
         .max()
         .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+    let snapshot =
+        crate::inventory::Snapshot::new(nodes.to_vec(), None, true, Some(now.as_second()));
+    let none = plan::ReservationIndex::new();
     for r in reports {
         if let Some(job) = &r.job {
-            let outcome = plan::place(job, nodes, &[], tolerate, now).map_err(|e| e.to_string())?;
+            // The rule the webhook and the operator decide by, with what the
+            // agents published and no other admitted job's reservation.
+            let view = decide::ClusterView {
+                snapshot: &snapshot,
+                reservations: &none,
+                tolerations: tolerate,
+                now,
+                scale: 1.0,
+            };
+            let (outcome, with) = match decide::choose(job, &view).map_err(|e| e.to_string())? {
+                Choice::Run {
+                    plan, assignment, ..
+                } => (PlaceOutcome::Placed(assignment), plan.map(|p| *p)),
+                Choice::Wait { reason } => (PlaceOutcome::Wait { reason }, None),
+                Choice::Reject { reason } => (PlaceOutcome::Reject { reason }, None),
+            };
             r.placement = Some(outcome);
+            r.placed_with = with;
         }
     }
     Ok(())

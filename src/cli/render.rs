@@ -94,7 +94,15 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
             }
         }
         if let Some(p) = &r.placement {
-            writeln!(out, "  placement: {}", placement(p))?;
+            match &r.placed_with {
+                Some(plan) => writeln!(
+                    out,
+                    "  placement: {} with {}",
+                    placement(p),
+                    plan.changes.join(", ")
+                )?,
+                None => writeln!(out, "  placement: {}", placement(p))?,
+            }
         }
     }
     Ok(())

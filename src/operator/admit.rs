@@ -2,20 +2,17 @@
 //! reservations of other admitted jobs and what earlier runs taught (a scale
 //! on every estimate) in; a decision out.
 //!
-//! Order: the job as written on the best-fitting GPUs; else, when its fit
-//! policy allows changes, the cheapest plan (by the planner's cost model) of
-//! each GPU product the cluster has, cheapest first, each placed over the
-//! cluster as it is now; else Wait when something would fit once memory
-//! frees, Reject when nothing would fit even on empty GPUs.
+//! The rule is [`crate::decide::choose`], the one the webhook promises by;
+//! this module turns its choice into the operator's terms (the plan's
+//! status, the placement, the bytes reserved).
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{EstimateStatus, GpuNode, Placement, PlanStatus, ValidatedJob};
+use crate::api::{EstimateStatus, Placement, PlanStatus, ValidatedJob};
+use crate::decide::{self, Choice, ClusterView, fallback_product};
 use crate::estimate::{self, gpus};
 use crate::inventory::{self, Snapshot};
-use crate::plan::{
-    self, Allowance, PlaceOutcome, Plan, ReservationIndex, Settings, place_scaled_in, scale_bytes,
-};
+use crate::plan::{self, ReservationIndex, Settings};
 
 /// What the operator does with a job now.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,12 +33,6 @@ pub struct Admission {
     pub estimate: EstimateStatus,
     /// Per-GPU bytes with the learnt scale and the safety margin: reserved.
     pub reserved_bytes_per_gpu: u64,
-}
-
-/// The catalog entry assumed for a GPU product the catalog does not know (as
-/// the webhook assumes it).
-fn fallback_product() -> &'static gpus::GpuProduct {
-    gpus::find("h100-80gb").expect("the catalog has h100-80gb")
 }
 
 /// The catalog entry of the placement's first GPU (its MIG slice when on
@@ -76,7 +67,8 @@ fn admission(
     })
 }
 
-/// Decide for `job` over `snapshot`, given the other jobs' reservations.
+/// Decide for `job` over `snapshot`, given the other jobs' reservations:
+/// [`decide::choose`], the rule the webhook promises by.
 pub fn decide(
     job: &ValidatedJob,
     snapshot: &Snapshot,
@@ -85,76 +77,26 @@ pub fn decide(
     now: Timestamp,
     scale: f64,
 ) -> Result<Decision, String> {
-    let nodes: &[GpuNode] = &snapshot.nodes[..];
-    let as_written = place_scaled_in(job, nodes, reservations, tolerations, now, scale)
-        .map_err(|e| e.to_string())?;
-    let written_reason = match &as_written {
-        PlaceOutcome::Placed(a) => {
-            let plan = Settings::of(job).to_status(Vec::new());
-            return admission(plan, job, a).map(|a| Decision::Admit(Box::new(a)));
-        }
-        PlaceOutcome::Wait { reason } => (true, reason.clone()),
-        PlaceOutcome::Reject { reason } => (false, reason.clone()),
+    let view = ClusterView {
+        snapshot,
+        reservations,
+        tolerations,
+        now,
+        scale,
     };
-    let (mut would_fit_later, reason) = written_reason;
-
-    let allowed = Allowance::from_policy(&job.spec.fit_policy);
-    if !allowed.is_empty() {
-        // The cheapest plan per product, cheapest first.
-        let mut plans: Vec<Plan> = Vec::new();
-        for p in snapshot.products() {
-            let catalog = p.catalog.unwrap_or_else(fallback_product);
-            let view = plan::scaled_view(p.usable_bytes, scale);
-            // The plan alone: advice is for people, and nobody reads it here.
-            if let Ok(Some(plan)) = plan::cheapest_plan(job, catalog, view)
-                && !plans.iter().any(|q| q.settings == plan.settings)
-            {
-                plans.push(plan);
-            }
+    match decide::choose(job, &view).map_err(|e| e.to_string())? {
+        Choice::Run {
+            plan,
+            job: runs,
+            assignment,
+        } => {
+            let status = match &plan {
+                Some(p) => p.to_status(),
+                None => Settings::of(job).to_status(Vec::new()),
+            };
+            admission(status, &runs, &assignment).map(|a| Decision::Admit(Box::new(a)))
         }
-        plans.sort_by(|a, b| {
-            a.slowdown
-                .partial_cmp(&b.slowdown)
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-        for plan in &plans {
-            let shrunk = plan.apply(job);
-            match place_scaled_in(&shrunk, nodes, reservations, tolerations, now, scale)
-                .map_err(|e| e.to_string())?
-            {
-                PlaceOutcome::Placed(a) => {
-                    return admission(plan.to_status(), &shrunk, &a)
-                        .map(|a| Decision::Admit(Box::new(a)));
-                }
-                PlaceOutcome::Wait { .. } => would_fit_later = true,
-                PlaceOutcome::Reject { .. } => {}
-            }
-        }
-        if let Some(best) = plans.first()
-            && would_fit_later
-        {
-            return Ok(Decision::Wait(format!(
-                "{reason}; with {} it would fit once memory frees",
-                best.changes.join(", ")
-            )));
-        }
-    }
-    let learnt = if scale > 1.0 {
-        format!(
-            " (estimates raised ×{scale:.2} by earlier out-of-memory deaths: {} per GPU as written)",
-            estimate::gib(scale_bytes(
-                estimate::estimate(job, fallback_product())
-                    .map(|e| e.status.fit_per_gpu_bytes())
-                    .unwrap_or(0),
-                scale
-            ))
-        )
-    } else {
-        String::new()
-    };
-    if would_fit_later {
-        Ok(Decision::Wait(format!("{reason}{learnt}")))
-    } else {
-        Ok(Decision::Reject(format!("{reason}{learnt}")))
+        Choice::Wait { reason } => Ok(Decision::Wait(reason)),
+        Choice::Reject { reason } => Ok(Decision::Reject(reason)),
     }
 }

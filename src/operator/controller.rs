@@ -274,32 +274,6 @@ fn validate(tj: &TrainingJob) -> Result<ValidatedJob, String> {
     })
 }
 
-/// Taint keys the pod template tolerates (an empty key with `Exists`
-/// tolerates every taint: `*`).
-fn tolerations(tj: &TrainingJob) -> Vec<String> {
-    let Some(list) = tj
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.get("spec"))
-        .and_then(|s| s.get("tolerations"))
-        .and_then(|t| t.as_array())
-    else {
-        return Vec::new();
-    };
-    list.iter()
-        .filter_map(|t| {
-            let key = t.get("key").and_then(|k| k.as_str()).unwrap_or("");
-            if key.is_empty() {
-                (t.get("operator").and_then(|o| o.as_str()) == Some("Exists"))
-                    .then(|| "*".to_string())
-            } else {
-                Some(key.to_string())
-            }
-        })
-        .collect()
-}
-
 /// Terminal: Rejected or Failed with a reason and message.
 async fn finish(
     api: &Api<TrainingJob>,
@@ -410,7 +384,7 @@ async fn pending(
 
     let key = ledger::key(tj);
     let attempt = status.oom_retries;
-    let tolerations = tolerations(tj);
+    let tolerations = crate::decide::tolerations(tj);
     let mut ledger = ctx.ledger.lock().await;
     if let Some(e) = ledger.get(&key)
         && Some(e.uid.as_str()) == tj.uid().as_deref()

@@ -13,9 +13,10 @@ use super::cache::Cache;
 use super::metrics::{Reason, Verdict};
 use super::review::{ReadJob, Request};
 use crate::api::{self, ValidatedJob};
-use crate::estimate::{GIB, gpus};
+use crate::decide::{Choice, ClusterView, fallback_product};
+use crate::estimate::GIB;
 use crate::inventory::{ProductCount, Snapshot};
-use crate::plan::{self, Advice, Allowance, PlaceOutcome, Plan};
+use crate::plan::{self, Advice, Allowance, Plan};
 
 /// Longest denial message we send (the API server shows it to the user whole).
 pub const MAX_MESSAGE: usize = 1024;
@@ -238,7 +239,7 @@ pub fn review_cached<O: ReadJob>(
     }
     let judgement = match found {
         Found::Judged(j) => j,
-        Found::Valid(job) => keep(judge(&job, snapshot, now)),
+        Found::Valid(job) => keep(judge(&job, &crate::decide::tolerations(&tj), snapshot, now)),
     };
     (judgement.decision(&req.name), cached)
 }
@@ -250,13 +251,20 @@ fn invalid(error: String) -> Judgement {
     }
 }
 
-/// Judge a valid job against `snapshot` at `now`.
+/// Judge a valid job against `snapshot` at `now`, by the rule the operator
+/// places by ([`crate::decide::choose`], with no reservations: the webhook
+/// knows only what the agents published), so that the plan a warning promises
+/// is the plan the operator applies when nothing else changed.
 ///
-/// Work grows with what differs, not with the cluster: one estimate per
-/// catalog GPU for the job as written; when nothing holds it, one search per
-/// eligible product, each only for a plan cheaper than the best found so far
-/// (so most stop at their first combination); advice only for a denial.
-fn judge(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Judgement {
+/// Work grows with what differs, not with the cluster: one placement of the
+/// job as written; when that does not run now, one plan search per product
+/// and a placement per plan; advice only for a denial.
+fn judge(
+    job: &ValidatedJob,
+    tolerations: &[String],
+    snapshot: &Snapshot,
+    now: Timestamp,
+) -> Judgement {
     let products = snapshot.products();
     if products.is_empty() {
         return Judgement::deny(
@@ -264,26 +272,76 @@ fn judge(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Judgement {
             "the cluster reports no GPUs: no GpuNode objects and no nodes with GPU Feature Discovery labels (nvidia.com/gpu.product, nvidia.com/gpu.memory, nvidia.com/gpu.count)".to_string(),
         );
     }
+    // What earlier runs of jobs of this shape proved the estimate misses.
+    let scale = snapshot.learnt_scale(&job.spec);
+    let no_reservations = plan::ReservationIndex::new();
+    let view = ClusterView {
+        snapshot,
+        reservations: &no_reservations,
+        tolerations,
+        now,
+        scale,
+    };
+    let choice = match crate::decide::choose(job, &view) {
+        Ok(c) => c,
+        Err(e) => return Judgement::deny(Reason::InvalidSpec, e.to_string()),
+    };
+    let product = choice.product().unwrap_or_default().to_string();
+    match choice {
+        Choice::Run { plan: None, .. } => Judgement::allow(Reason::Fits, Vec::new()),
+        Choice::Run {
+            plan: Some(plan), ..
+        } => Judgement::allow(
+            Reason::FitsAfterChange,
+            vec![format!(
+                "vramguard will run this on {product} with {}",
+                plan.changes.join(", ")
+            )],
+        ),
+        Choice::Wait { reason } => {
+            let fits = match on_empty_gpus(job, snapshot, scale) {
+                Ok(e) => e.fits_as_written,
+                Err(j) => return j,
+            };
+            Judgement::allow(
+                if fits {
+                    Reason::Fits
+                } else {
+                    Reason::FitsAfterChange
+                },
+                vec![format!("cluster busy now, the job will wait: {reason}")],
+            )
+        }
+        Choice::Reject { reason } => rejected(job, snapshot, scale, &reason),
+    }
+}
+
+/// The job against empty GPUs of each product with enough of them: whether
+/// it fits as written, and the smallest need as written (with the margin).
+struct OnEmpty<'a> {
+    fits_as_written: bool,
+    need: Option<u64>,
+    eligible: Vec<&'a ProductCount>,
+}
+
+fn on_empty_gpus<'a>(
+    job: &ValidatedJob,
+    snapshot: &'a Snapshot,
+    scale: f64,
+) -> Result<OnEmpty<'a>, Judgement> {
     let gpus_needed = job.spec.parallelism.gpus;
     let single_node = gpus_needed <= job.gpus_per_node;
     let margin = job.spec.fit_policy.safety_margin;
-    // What earlier runs of jobs of this shape proved the estimate misses.
-    let scale = snapshot.learnt_scale(&job.spec);
-    let fallback = gpus::find("h100-80gb").expect("the catalog has h100-80gb");
-    // Enough GPUs of a product to host every rank.
-    let eligible: Vec<&ProductCount> = products
+    let eligible: Vec<&ProductCount> = snapshot
+        .products()
         .iter()
         .filter(|p| p.gpus >= gpus_needed && (!single_node || p.max_per_node >= gpus_needed))
         .collect();
-    let catalog = |p: &ProductCount| p.catalog.unwrap_or(fallback);
-    let view = |p: &ProductCount| plan::scaled_view(p.usable_bytes, scale);
-
-    // Fits as written on some product? One estimate per GPU model, no search.
+    // One estimate per GPU model.
     let mut estimates: Vec<(&'static str, crate::estimate::Estimate)> = Vec::new();
-    // The smallest need as written (with the margin) over the eligible products.
     let mut need: Option<u64> = None;
     for p in &eligible {
-        let gpu = catalog(p);
+        let gpu = p.catalog.unwrap_or_else(fallback_product);
         let slot = match estimates.iter().position(|(n, _)| *n == gpu.name) {
             Some(i) => i,
             None => match crate::estimate::estimate(job, gpu) {
@@ -291,45 +349,78 @@ fn judge(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Judgement {
                     estimates.push((gpu.name, e));
                     estimates.len() - 1
                 }
-                Err(e) => return Judgement::deny(Reason::InvalidSpec, e.to_string()),
+                Err(e) => return Err(Judgement::deny(Reason::InvalidSpec, e.to_string())),
             },
         };
-        let v = plan::fit_estimate(&estimates[slot].1, margin, view(p));
+        let v = plan::fit_estimate(
+            &estimates[slot].1,
+            margin,
+            plan::scaled_view(p.usable_bytes, scale),
+        );
         if v.fits {
-            let warnings = busy_warning(job, snapshot, now, scale)
-                .into_iter()
-                .collect();
-            return Judgement::allow(Reason::Fits, warnings);
+            return Ok(OnEmpty {
+                fits_as_written: true,
+                need: None,
+                eligible,
+            });
         }
         need = Some(need.map_or(v.need_bytes, |n| n.min(v.need_bytes)));
     }
+    Ok(OnEmpty {
+        fits_as_written: false,
+        need,
+        eligible,
+    })
+}
 
-    // Fits after an allowed change? The cheapest plan over the products, the
-    // first product by name winning a tie: in name order, each product is
-    // searched only for a plan strictly cheaper than the best so far.
+/// No node can take the job now, in any allowed form. When it would fit
+/// empty GPUs of a product (its nodes are cordoned, tainted or not reporting),
+/// it is admitted with that said; else denied with the numbers and a fix.
+fn rejected(job: &ValidatedJob, snapshot: &Snapshot, scale: f64, reason: &str) -> Judgement {
+    let empty = match on_empty_gpus(job, snapshot, scale) {
+        Ok(e) => e,
+        Err(j) => return j,
+    };
+    let now_note = format!("no node can take it now: {reason}");
+    if empty.fits_as_written {
+        return Judgement::allow(Reason::Fits, vec![now_note]);
+    }
+    let catalog = |p: &ProductCount| p.catalog.unwrap_or_else(fallback_product);
+    let view = |p: &ProductCount| plan::scaled_view(p.usable_bytes, scale);
+    // The cheapest plan over the products with enough GPUs, the first by
+    // name winning a tie: each is searched only for a plan strictly cheaper
+    // than the best so far.
     let allowed = Allowance::from_policy(&job.spec.fit_policy);
-    let mut best: Option<(&ProductCount, Plan)> = None;
     if !allowed.is_empty() {
-        let mut by_name = eligible.clone();
+        let mut by_name = empty.eligible.clone();
         by_name.sort_by(|a, b| a.product.cmp(&b.product));
+        let mut best: Option<(&ProductCount, Plan)> = None;
         for p in by_name {
             let limit = best.as_ref().map_or(f64::INFINITY, |(_, b)| b.slowdown);
             if let Some(found) = plan::search_below(job, catalog(p), view(p), allowed, limit) {
                 best = Some((p, found));
             }
         }
-    }
-    if let Some((p, plan)) = best {
-        let mut warnings = vec![format!(
-            "vramguard will run this on {} with {}",
-            p.product,
-            plan.changes.join(", ")
-        )];
-        if let Some(w) = busy_warning(&plan.apply(job), snapshot, now, scale) {
-            warnings.push(w);
+        if let Some((p, plan)) = best {
+            return Judgement::allow(
+                Reason::FitsAfterChange,
+                vec![
+                    format!(
+                        "vramguard will run this on {} with {}",
+                        p.product,
+                        plan.changes.join(", ")
+                    ),
+                    now_note,
+                ],
+            );
         }
-        return Judgement::allow(Reason::FitsAfterChange, warnings);
     }
+    let products = snapshot.products();
+    let gpus_needed = job.spec.parallelism.gpus;
+    let single_node = gpus_needed <= job.gpus_per_node;
+    let margin = job.spec.fit_policy.safety_margin;
+    let eligible = empty.eligible;
+    let need = empty.need;
 
     // Nothing fits: say why in numbers and what would.
     let biggest = &products[0];
@@ -386,22 +477,5 @@ fn judge(job: &ValidatedJob, snapshot: &Snapshot, now: Timestamp) -> Judgement {
         reason: Reason::NoFit,
         named: true,
         message: msg,
-    }
-}
-
-/// A warning when the job fits an empty GPU but no node has room now.
-fn busy_warning(
-    job: &ValidatedJob,
-    snapshot: &Snapshot,
-    now: Timestamp,
-    scale: f64,
-) -> Option<String> {
-    match plan::place_scaled(job, &snapshot.nodes[..], &[], &[], now, scale) {
-        Ok(PlaceOutcome::Placed(_)) => None,
-        Ok(PlaceOutcome::Wait { reason }) => {
-            Some(format!("cluster busy now, the job will wait: {reason}"))
-        }
-        Ok(PlaceOutcome::Reject { reason }) => Some(format!("no node can take it now: {reason}")),
-        Err(_) => None,
     }
 }
