@@ -482,12 +482,20 @@ impl<'a> Placer<'a> {
             }
             let free = d.view.free_bytes;
             let block = d.view.largest_block_bytes;
-            if need <= free && n.largest_tensor_bytes <= block {
+            // What the framework's allocator may hold on this device (JAX's
+            // fraction of the total, TensorFlow's reserve): over it, the job
+            // dies with free memory left, so the device does not fit either.
+            let allocator_short = n.allocator.map_or(0, |(reserved, l)| {
+                with_margin(reserved, p.request.safety_margin)
+                    .saturating_sub(l.bytes(d.view.total_bytes, free))
+            });
+            if need <= free && n.largest_tensor_bytes <= block && allocator_short == 0 {
                 scratch.push((free - need, d.index, d.mig.map_or(0, |m| m.0)));
             } else if count {
                 let short = need
                     .saturating_sub(free)
-                    .max(n.largest_tensor_bytes.saturating_sub(block));
+                    .max(n.largest_tensor_bytes.saturating_sub(block))
+                    .max(allocator_short);
                 if p.tally.closest.is_none_or(|c| (short, name, d.index) < c) {
                     p.tally.closest = Some((short, name, d.index));
                 }
