@@ -65,6 +65,7 @@ fn ascii(s: String) -> String {
             '≈' => out.push('~'),
             '×' => out.push('x'),
             '–' | '—' => out.push('-'),
+            '…' => out.push_str("..."),
             '·' => out.push('.'),
             _ => out.push('?'),
         }
