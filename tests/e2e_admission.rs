@@ -249,4 +249,15 @@ async fn examples_are_judged_by_the_webhook_through_the_api_server() {
         message.contains("unknown field \"spec.training.microBatchSzie\""),
         "the schema's unknown field: {message}"
     );
+
+    // Admitted jobs would be run by the next test's operator: none is left behind.
+    let all = cluster::send(
+        &client,
+        Method::DELETE,
+        &trainingjobs(NS),
+        JSON,
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(all.status, 200, "{}", all.body);
 }

@@ -166,9 +166,67 @@ async fn kubelet(client: Client) {
                 &status,
             )
             .await;
-            assert_eq!(a.status, 200, "ending pod {name}: {}", a.body);
+            // A conflict with the Job controller's own write is retried next round.
+            if a.status != 200 {
+                eprintln!("test kubelet: ending pod {name}: {} {}", a.status, a.body);
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the cluster shows of the job, for a failure message.
+async fn state(client: &Client) -> String {
+    let tj = get(
+        client,
+        format!("/apis/vramguard.io/v1alpha1/namespaces/{NS}/trainingjobs/ft"),
+    )
+    .await;
+    let gpunode = get(
+        client,
+        format!("/apis/vramguard.io/v1alpha1/gpunodes/{NODE}"),
+    )
+    .await;
+    let node = get(client, format!("/api/v1/nodes/{NODE}")).await;
+    let pods = get(client, format!("/api/v1/namespaces/{NS}/pods")).await;
+    format!(
+        "TrainingJob status: {}\nGpuNode spec: {}\nNode taints: {}\npods: {}",
+        tj.map(|t| t["status"].clone()).unwrap_or_default(),
+        gpunode.map(|g| g["spec"].clone()).unwrap_or_default(),
+        node.map(|n| n["spec"]["taints"].clone())
+            .unwrap_or_default(),
+        pods.map(|p| p["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| format!(
+                "{} {} {}",
+                p["metadata"]["name"], p["spec"]["nodeName"], p["status"]["phase"]
+            ))
+            .collect::<Vec<_>>()
+            .join(", "))
+            .unwrap_or_default(),
+    )
+}
+
+/// Waits up to `secs` for `probe` to give a value; on timeout fails with the cluster's state.
+async fn until<T, F, Fut>(client: &Client, what: &str, secs: u64, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "timed out after {secs} s waiting for {what}\n{}",
+                state(client).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -225,6 +283,27 @@ async fn a_job_is_placed_run_by_the_job_controller_and_retried_smaller_after_a_g
     })
     .await;
 
+    // TrainingJobs other tests left (tests/e2e_admission.rs admits the examples) would be
+    // placed on this node too and hold its GPUs: they go first (those an earlier operator
+    // holds by its finalizer go once this one runs).
+    let all = get(&client, "/apis/vramguard.io/v1alpha1/trainingjobs")
+        .await
+        .expect("the TrainingJob list");
+    for tj in all["items"].as_array().into_iter().flatten() {
+        let (ns, name) = (&tj["metadata"]["namespace"], &tj["metadata"]["name"]);
+        let path = format!(
+            "/apis/vramguard.io/v1alpha1/namespaces/{}/trainingjobs/{}",
+            ns.as_str().unwrap_or_default(),
+            name.as_str().unwrap_or_default()
+        );
+        cluster::send(&client, Method::DELETE, &path, JSON, &Value::Null).await;
+    }
+
+    // What an earlier run learnt raises this run's estimates: the test starts from none.
+    let profiles = "/apis/vramguard.io/v1alpha1/memoryprofiles";
+    let a = cluster::send(&client, Method::DELETE, profiles, JSON, &Value::Null).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+
     // Webhook and operator, with the controller's token.
     let operator_config = scratch.join("operator.kubeconfig");
     cluster::service_account_kubeconfig(&client, RELEASE, &operator_config).await;
@@ -256,14 +335,14 @@ async fn a_job_is_placed_run_by_the_job_controller_and_retried_smaller_after_a_g
     tj["metadata"]["namespace"] = json!(NS);
     let tjs = format!("/apis/vramguard.io/v1alpha1/namespaces/{NS}/trainingjobs");
     // The webhook answers once its inventory has synced.
-    cluster::until_some("the TrainingJob to be admitted", 60, || async {
+    until(&client, "the TrainingJob to be admitted", 60, || async {
         let a = cluster::send(&client, Method::POST, &tjs, JSON, &tj).await;
         (a.status == 201).then_some(())
     })
     .await;
 
     let jobs = format!("/apis/batch/v1/namespaces/{NS}/jobs");
-    let first = cluster::until_some("Job ft-0 from the operator", 60, || {
+    let first = until(&client, "Job ft-0 from the operator", 60, || {
         get(&client, format!("{jobs}/ft-0"))
     })
     .await;
@@ -280,7 +359,7 @@ async fn a_job_is_placed_run_by_the_job_controller_and_retried_smaller_after_a_g
 
     // The Job controller makes the pod, the test kubelet fails it with a GPU OOM, the Job
     // fails, and the operator retries with a smaller plan.
-    let second = cluster::until_some("Job ft-1, the retry", 120, || {
+    let second = until(&client, "Job ft-1, the retry", 120, || {
         get(&client, format!("{jobs}/ft-1"))
     })
     .await;
@@ -308,7 +387,7 @@ async fn a_job_is_placed_run_by_the_job_controller_and_retried_smaller_after_a_g
     );
 
     let tj_path = format!("{tjs}/ft");
-    let status = cluster::until_some("the TrainingJob to succeed", 120, || async {
+    let status = until(&client, "the TrainingJob to succeed", 120, || async {
         let status = get(&client, tj_path.clone()).await.expect("ft")["status"].clone();
         (status["phase"] == "Succeeded").then_some(status)
     })
