@@ -33,9 +33,9 @@ build() {
     # The version the binaries report (/version, and the compatibility checks between them).
     local v=k8s.io/component-base/version
     local ldflags="-s -w -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=34 -X $v.gitTreeState=clean"
-    (cd "$HERE" && go build -trimpath -ldflags "$ldflags" -o "$BIN/" \
+    (cd "$HERE" && go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$BIN/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
-    (cd "$HERE/etcd" && go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3)
+    (cd "$HERE/etcd" && go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3)
     log "built $(ls "$BIN" | tr '\n' ' ')in $BIN"
 }
 
