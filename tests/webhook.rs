@@ -176,7 +176,14 @@ async fn reviews_over_tls() {
     assert_eq!(adjust["allowed"], true, "{adjust}");
     let warnings = adjust["warnings"].as_array().expect("warnings");
     assert!(
-        warnings.iter().any(|w| w.as_str().unwrap().contains("→")),
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains(" -> ")),
+        "{warnings:?}"
+    );
+    // Warnings reach users as HTTP headers, which clients read as ASCII only.
+    assert!(
+        warnings.iter().all(|w| w.as_str().unwrap().is_ascii()),
         "{warnings:?}"
     );
     assert!(warnings.iter().all(|w| w.as_str().unwrap().len() <= 120));

@@ -17,11 +17,16 @@
 //! - best fit: the node(s) whose chosen GPUs leave the least headroom, and on a
 //!   node the GPUs with the least headroom, so big GPUs stay free for big jobs;
 //!   ties go to the node name, then the GPU index;
-//! - nothing fits now but would on empty GPUs of some eligible node: Wait;
-//!   otherwise Reject. Both say why, in bytes.
+//! - nothing fits now but would on empty GPUs of some eligible node, or of a
+//!   node left out only for a `node.kubernetes.io/` taint (not ready,
+//!   unreachable, under pressure: conditions that clear): Wait; otherwise
+//!   Reject. Both say why, in bytes.
 
 mod products;
 mod why;
+
+/// The prefix of the taints Kubernetes sets for a node's condition of the moment.
+const TRANSIENT_TAINT_PREFIX: &str = "node.kubernetes.io/";
 
 use std::collections::HashMap;
 
@@ -350,6 +355,38 @@ impl<'a> Placer<'a> {
             return false;
         }
         true
+    }
+
+    /// Left out now only for a condition of the moment: fresh, and every taint the job does
+    /// not tolerate is one the node lifecycle controller or the kubelet sets and clears
+    /// (`node.kubernetes.io/not-ready`, `unreachable`, `unschedulable`, the pressures). A
+    /// new node carries `not-ready` until its kubelet reports; a job waits for such a node
+    /// instead of being rejected.
+    fn recovering(&mut self, node: &'a GpuNode) -> bool {
+        let probe = node.status.as_ref().and_then(|s| s.probe_time.as_ref());
+        let fresh = probe.is_some_and(|t| {
+            let age = self.request.now.as_second().saturating_sub(t.0.as_second());
+            age <= i64::try_from(node.spec.ttl_seconds).unwrap_or(i64::MAX)
+        });
+        let blocking = node.spec.taints.iter().filter(|t| {
+            matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
+                && !self
+                    .request
+                    .tolerations
+                    .iter()
+                    .any(|k| k == &t.key || k == "*")
+        });
+        let mut any = false;
+        for t in blocking {
+            if !t.key.starts_with(TRANSIENT_TAINT_PREFIX) {
+                return false;
+            }
+            any = true;
+        }
+        if fresh && any {
+            self.tally.recovering.push(node.spec.node_name.as_str());
+        }
+        fresh && any
     }
 
     /// Calls `f` with every device of `node` the job could use, in index order.
@@ -690,7 +727,13 @@ fn place_held(
             headroom_bytes: headroom,
         });
     }
-    let later = placer.choose(nodes, &eligible, Pass::Empty);
+    let mut later_nodes = eligible.clone();
+    later_nodes.extend(
+        (0..nodes.len())
+            .filter(|&i| eligible.binary_search(&i).is_err() && placer.recovering(&nodes[i])),
+    );
+    later_nodes.sort_unstable();
+    let later = placer.choose(nodes, &later_nodes, Pass::Empty);
 
     why::explain(
         &placer.tally,
@@ -878,6 +921,38 @@ mod tests {
         };
         let out = place_with(&req, &nodes, &[], &mut need_gib(10));
         assert_eq!(out.assignment().expect("placed").nodes[0].node, "tainted");
+    }
+
+    #[test]
+    fn a_node_not_ready_yet_makes_the_job_wait_not_fail() {
+        let mut fresh = node("gpu-new", vec![gpu(0, 80, 80)]);
+        fresh.spec.taints.push(NodeTaint {
+            key: "node.kubernetes.io/not-ready".into(),
+            value: None,
+            effect: "NoSchedule".into(),
+        });
+        match place_with(&request(1, 1), &[fresh.clone()], &[], &mut need_gib(10)) {
+            PlaceOutcome::Wait { reason } => {
+                assert!(reason.contains("gpu-new"), "{reason}");
+                assert!(reason.contains("node.kubernetes.io/not-ready"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Too big for the node even once ready: still a rejection.
+        assert!(matches!(
+            place_with(&request(1, 1), &[fresh.clone()], &[], &mut need_gib(90)),
+            PlaceOutcome::Reject { .. }
+        ));
+        // A taint of the cluster's own making stays a rejection.
+        fresh.spec.taints.push(NodeTaint {
+            key: "dedicated".into(),
+            value: Some("infer".into()),
+            effect: "NoSchedule".into(),
+        });
+        assert!(matches!(
+            place_with(&request(1, 1), &[fresh], &[], &mut need_gib(10)),
+            PlaceOutcome::Reject { .. }
+        ));
     }
 
     #[test]

@@ -49,6 +49,31 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
+/// `s` in ASCII. Warnings travel as HTTP `Warning` headers, whose values clients read as
+/// ASCII: kube's client and others drop one that holds `→`. Arrows and signs become their
+/// ASCII spellings; anything else outside ASCII becomes `?`.
+fn ascii(s: String) -> String {
+    if s.is_ascii() {
+        return s;
+    }
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            c if c.is_ascii() => out.push(c),
+            '→' => out.push_str("->"),
+            '≥' => out.push_str(">="),
+            '≤' => out.push_str("<="),
+            '≈' => out.push('~'),
+            '×' => out.push('x'),
+            '–' | '—' => out.push('-'),
+            '…' => out.push_str("..."),
+            '·' => out.push('.'),
+            _ => out.push('?'),
+        }
+    }
+    out
+}
+
 fn deny(reason: Reason, message: String) -> Decision {
     let status = Status {
         code: 403,
@@ -78,7 +103,7 @@ fn gib(b: u64) -> String {
 /// without validating or estimating it again.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Judgement {
-    /// Allowed, with warnings already cut to [`MAX_WARNING`].
+    /// Allowed, with warnings already in ASCII and cut to [`MAX_WARNING`].
     Allow {
         reason: Reason,
         warnings: Vec<String>,
@@ -99,7 +124,7 @@ impl Judgement {
             reason,
             warnings: warnings
                 .into_iter()
-                .map(|w| truncate(w, MAX_WARNING))
+                .map(|w| truncate(ascii(w), MAX_WARNING))
                 .collect(),
         }
     }

@@ -11,6 +11,8 @@ use crate::estimate::GIB;
 pub(super) struct Tally<'n> {
     pub(super) stale: Vec<&'n str>,
     pub(super) tainted: Vec<(&'n str, String)>,
+    /// Tainted only for a condition that clears (`node.kubernetes.io/`): candidates later.
+    pub(super) recovering: Vec<&'n str>,
     pub(super) unhealthy_gpus: usize,
     pub(super) mig_gpus: usize,
     pub(super) unknown_gpus: usize,
@@ -120,9 +122,14 @@ pub(super) fn explain(
                 .iter()
                 .map(|&i| nodes[i].spec.node_name.as_str())
                 .collect();
+            let when = if names.iter().any(|n| t.recovering.contains(n)) {
+                "once the node is ready (its node.kubernetes.io/ taint clears) and its GPUs are free"
+            } else {
+                "once running or admitted jobs free their GPUs"
+            };
             PlaceOutcome::Wait {
                 reason: format!(
-                    "no room now for {shape}{room}{now}; it fits {} once running or admitted jobs free their GPUs{skipped}{unknown}",
+                    "no room now for {shape}{room}{now}; it fits {} {when}{skipped}{unknown}",
                     names.join(", ")
                 ),
             }
