@@ -825,10 +825,10 @@ proptest! {
             }
             Decision::Admit(a) => {
                 let product = &a.placement.devices[0].gpus[0].product;
-                let promise = format!(
+                let promise = decide::ascii(format!(
                     "vramguard will run this on {product} with {}",
                     a.plan.changes.join(", ")
-                );
+                ));
                 prop_assert!(d.allowed, "the operator runs it shrunk; the webhook denied: {}", d.status.message);
                 prop_assert!(
                     d.warnings.iter().any(|w| promise.starts_with(w.trim_end_matches("...")) || *w == promise),

@@ -52,7 +52,7 @@ fn truncate(mut s: String, max: usize) -> String {
 /// `s` in ASCII. Warnings travel as HTTP `Warning` headers, whose values clients read as
 /// ASCII: kube's client and others drop one that holds `→`. Arrows and signs become their
 /// ASCII spellings; anything else outside ASCII becomes `?`.
-fn ascii(s: String) -> String {
+pub fn ascii(s: String) -> String {
     if s.is_ascii() {
         return s;
     }
