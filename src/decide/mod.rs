@@ -150,8 +150,32 @@ pub fn choose(job: &ValidatedJob, view: &ClusterView<'_>) -> Result<Choice, Esti
         PlaceOutcome::Wait { reason } => (true, reason),
         PlaceOutcome::Reject { reason } => (false, reason),
     };
+    // The cheapest plan first, by a search that stops at what cannot beat
+    // the best so far; when it places now (most often) no other plan is
+    // searched for. The full list, in the same order, only when it does not.
+    let Some(cheapest) = cheapest_plan(job, view.snapshot, view.scale) else {
+        return Ok(waiting_or_rejected(
+            job,
+            view,
+            would_fit_later,
+            reason,
+            None,
+        ));
+    };
+    let shrunk = cheapest.apply(job);
+    match place(&shrunk)? {
+        PlaceOutcome::Placed(assignment) => {
+            return Ok(Choice::Run {
+                plan: Some(Box::new(cheapest)),
+                job: Box::new(shrunk),
+                assignment,
+            });
+        }
+        PlaceOutcome::Wait { .. } => would_fit_later = true,
+        PlaceOutcome::Reject { .. } => {}
+    }
     let plans = candidate_plans(job, view.snapshot, view.scale)?;
-    for plan in &plans {
+    for plan in plans.iter().filter(|p| p.settings != cheapest.settings) {
         let shrunk = plan.apply(job);
         match place(&shrunk)? {
             PlaceOutcome::Placed(assignment) => {
@@ -165,15 +189,56 @@ pub fn choose(job: &ValidatedJob, view: &ClusterView<'_>) -> Result<Choice, Esti
             PlaceOutcome::Reject { .. } => {}
         }
     }
-    if let Some(best) = plans.first()
+    Ok(waiting_or_rejected(
+        job,
+        view,
+        would_fit_later,
+        reason,
+        Some(cheapest),
+    ))
+}
+
+/// The cheapest allowed plan over the products of `snapshot` on empty GPUs
+/// (least slowdown, the first product by name winning a tie), searched
+/// product by product only below the best so far; `None` when no product
+/// has one or the fit policy allows no change.
+pub fn cheapest_plan(job: &ValidatedJob, snapshot: &Snapshot, scale: f64) -> Option<Plan> {
+    let allowed = Allowance::from_policy(&job.spec.fit_policy);
+    if allowed.is_empty() {
+        return None;
+    }
+    let mut by_name: Vec<_> = snapshot.products().iter().collect();
+    by_name.sort_by(|a, b| a.product.cmp(&b.product));
+    let mut best: Option<Plan> = None;
+    for p in by_name {
+        let catalog = p.catalog.unwrap_or_else(fallback_product);
+        let view = plan::scaled_view(p.usable_bytes, scale);
+        let limit = best.as_ref().map_or(f64::INFINITY, |b| b.slowdown);
+        if let Some(found) = plan::search_below(job, catalog, view, allowed, limit) {
+            best = Some(found);
+        }
+    }
+    best
+}
+
+/// Wait when something would fit once memory frees, else reject; `best` is
+/// the cheapest plan on empty GPUs, named in the reason of a wait.
+fn waiting_or_rejected(
+    job: &ValidatedJob,
+    view: &ClusterView<'_>,
+    would_fit_later: bool,
+    reason: String,
+    best: Option<Plan>,
+) -> Choice {
+    if let Some(best) = best
         && would_fit_later
     {
-        return Ok(Choice::Wait {
+        return Choice::Wait {
             reason: format!(
                 "{reason}; with {} it would fit once memory frees",
                 best.changes.join(", ")
             ),
-        });
+        };
     }
     let learnt = if view.scale > 1.0 {
         format!(
@@ -190,9 +255,9 @@ pub fn choose(job: &ValidatedJob, view: &ClusterView<'_>) -> Result<Choice, Esti
         String::new()
     };
     let reason = format!("{reason}{learnt}");
-    Ok(if would_fit_later {
+    if would_fit_later {
         Choice::Wait { reason }
     } else {
         Choice::Reject { reason }
-    })
+    }
 }
