@@ -386,7 +386,7 @@ fn place_all(
                     plan, assignment, ..
                 } => (PlaceOutcome::Placed(assignment), plan.map(|p| *p)),
                 Choice::Wait { reason } => (PlaceOutcome::Wait { reason }, None),
-                Choice::Reject { reason } => (PlaceOutcome::Reject { reason }, None),
+                Choice::Reject { reason, .. } => (PlaceOutcome::Reject { reason }, None),
             };
             r.placement = Some(outcome);
             r.placed_with = with;

@@ -49,8 +49,14 @@ pub enum Choice {
     },
     /// Something would fit once memory frees: `reason` says what holds it.
     Wait { reason: String },
-    /// Nothing fits even on empty GPUs, in any form the fit policy allows.
-    Reject { reason: String },
+    /// No node can take it now and none would once memory frees. `plan`:
+    /// the cheapest allowed plan on empty GPUs of some product, when there is
+    /// one (its nodes are cordoned, tainted or silent); `None` when nothing
+    /// fits even on empty GPUs in any form the fit policy allows.
+    Reject {
+        reason: String,
+        plan: Option<Box<Plan>>,
+    },
 }
 
 impl Choice {
@@ -230,7 +236,7 @@ fn waiting_or_rejected(
     reason: String,
     best: Option<Plan>,
 ) -> Choice {
-    if let Some(best) = best
+    if let Some(best) = &best
         && would_fit_later
     {
         return Choice::Wait {
@@ -258,6 +264,9 @@ fn waiting_or_rejected(
     if would_fit_later {
         Choice::Wait { reason }
     } else {
-        Choice::Reject { reason }
+        Choice::Reject {
+            reason,
+            plan: best.map(Box::new),
+        }
     }
 }

@@ -97,6 +97,6 @@ pub fn decide(
             admission(status, &runs, &assignment).map(|a| Decision::Admit(Box::new(a)))
         }
         Choice::Wait { reason } => Ok(Decision::Wait(reason)),
-        Choice::Reject { reason } => Ok(Decision::Reject(reason)),
+        Choice::Reject { reason, .. } => Ok(Decision::Reject(reason)),
     }
 }

@@ -337,7 +337,7 @@ fn judge(
                 vec![format!("cluster busy now, the job will wait: {reason}")],
             )
         }
-        Choice::Reject { reason } => rejected(job, snapshot, scale, &reason),
+        Choice::Reject { reason, plan } => rejected(job, snapshot, scale, &reason, plan.is_some()),
     }
 }
 
@@ -401,7 +401,16 @@ fn on_empty_gpus<'a>(
 /// No node can take the job now, in any allowed form. When it would fit
 /// empty GPUs of a product (its nodes are cordoned, tainted or not reporting),
 /// it is admitted with that said; else denied with the numbers and a fix.
-fn rejected(job: &ValidatedJob, snapshot: &Snapshot, scale: f64, reason: &str) -> Judgement {
+///
+/// `any_plan`: whether some product has an allowed plan on empty GPUs (what
+/// `choose` found); without one the products are not searched again.
+fn rejected(
+    job: &ValidatedJob,
+    snapshot: &Snapshot,
+    scale: f64,
+    reason: &str,
+    any_plan: bool,
+) -> Judgement {
     let empty = match on_empty_gpus(job, snapshot, scale) {
         Ok(e) => e,
         Err(j) => return j,
@@ -416,7 +425,7 @@ fn rejected(job: &ValidatedJob, snapshot: &Snapshot, scale: f64, reason: &str) -
     // name winning a tie: each is searched only for a plan strictly cheaper
     // than the best so far.
     let allowed = Allowance::from_policy(&job.spec.fit_policy);
-    if !allowed.is_empty() {
+    if any_plan && !allowed.is_empty() {
         let mut by_name = empty.eligible.clone();
         by_name.sort_by(|a, b| a.product.cmp(&b.product));
         let mut best: Option<(&ProductCount, Plan)> = None;
