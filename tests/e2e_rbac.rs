@@ -8,50 +8,21 @@
 //!   kube-controller-manager's aggregation controller): a namespace editor may create
 //!   TrainingJobs, a viewer may read them and not create them.
 
+#[path = "support/chart_rbac.rs"]
+mod chart_rbac;
 #[path = "support/cluster.rs"]
 mod cluster;
 
 use std::path::Path;
 
 use axum::http::Method;
+use chart_rbac::{granted, rules};
 use cluster::{JSON, RELEASE, RELEASE_NS};
 use kube::Client;
-use serde::Deserialize;
 use serde_json::json;
 
 const TEST: &str = "e2e_rbac";
 const NS: &str = "e2e-rbac";
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Rule {
-    api_groups: Vec<String>,
-    resources: Vec<String>,
-    verbs: Vec<String>,
-}
-
-fn rules(file: &str) -> Vec<Rule> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("charts/vramguard/files/rbac")
-        .join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// (group, resource, verb) of every combination `rules` grant.
-fn granted(rules: &[Rule]) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    for r in rules {
-        for g in &r.api_groups {
-            for res in &r.resources {
-                for v in &r.verbs {
-                    out.push((g.clone(), res.clone(), v.clone()));
-                }
-            }
-        }
-    }
-    out
-}
 
 fn service_account(name: &str) -> (String, Vec<String>) {
     (

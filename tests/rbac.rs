@@ -12,18 +12,19 @@
 //! why every rule must also be exercised, so a rule for an untested path fails
 //! here until a scenario covers it (or the rule goes).
 
+#[path = "support/chart_rbac.rs"]
+mod chart_rbac;
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
+use chart_rbac::{Rule, granted, rules};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize;
 use serde_json::json;
 use support::apiserver::{ApiServer, Request};
 use support::fixtures::{self, gpu_node};
@@ -35,15 +36,6 @@ use vramguard::operator::{self, Config, LeaseConfig};
 const NS: &str = "ml";
 const RELEASE_NS: &str = "vramguard-system";
 
-/// One rule of a Role or ClusterRole, as the chart's files spell it.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Rule {
-    api_groups: Vec<String>,
-    resources: Vec<String>,
-    verbs: Vec<String>,
-}
-
 /// What authorization sees of a request: group, resource (with its
 /// subresource, `pods/log`), verb, namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -52,29 +44,6 @@ struct Access {
     resource: String,
     verb: String,
     namespace: Option<String>,
-}
-
-fn rules(file: &str) -> Vec<Rule> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("charts/vramguard/files/rbac")
-        .join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// (group, resource, verb) for each combination a set of rules grants.
-fn granted(rules: &[Rule]) -> BTreeSet<(String, String, String)> {
-    let mut out = BTreeSet::new();
-    for r in rules {
-        for g in &r.api_groups {
-            for res in &r.resources {
-                for v in &r.verbs {
-                    out.insert((g.clone(), res.clone(), v.clone()));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// The verbs the API server authorizes a request under. A server-side apply

@@ -724,15 +724,7 @@ async fn open_connections_are_capped_and_counted() {
     let established = open.len();
     // With one of ours gone, its place serves /metrics.
     drop(open.pop());
-    let mut read = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while read.is_none() && Instant::now() < deadline {
-        match timed_get(&dialer, "/metrics").await {
-            Ok((200, text, _)) => read = Some(text),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let text = read.expect("/metrics once a connection is free");
+    let text = metrics_once_free(&dialer).await;
     let counted = metric(&text, "vramguard_connections_open");
     let refused = metric(&text, "vramguard_connections_refused_total");
     // Each then starts a 4 MiB review and sends its first 256 KiB: the server
@@ -776,6 +768,21 @@ async fn open_connections_are_capped_and_counted() {
     drop(open);
     let _ = server.stop.send(());
     server.task.await.expect("the server task").expect("serve");
+}
+
+/// `/metrics`, asked again every 50 ms for up to 5 s while the server's
+/// connection slots may still be full.
+async fn metrics_once_free(dialer: &Dialer) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match timed_get(dialer, "/metrics").await {
+            Ok((200, text, _)) => return text,
+            _ if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("/metrics once a connection is free: {other:?}"),
+        }
+    }
 }
 
 /// Connections a hostile client attempts against the shipped binary.
@@ -864,15 +871,7 @@ async fn the_served_binary_holds_20000_connection_attempts_under_the_chart_limit
     let established = open.len();
     let (peak, now) = memory_of(&pid);
     drop(open.pop());
-    let mut read = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while read.is_none() && Instant::now() < deadline {
-        match timed_get(&dialer, "/metrics").await {
-            Ok((200, text, _)) => read = Some(text),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let text = read.expect("/metrics once a connection is free");
+    let text = metrics_once_free(&dialer).await;
     let refused = metric(&text, "vramguard_connections_refused_total");
     let limit = chart_memory_limit_mib();
     eprintln!(
