@@ -207,3 +207,99 @@ fn a_bad_runtime_version_names_the_field() {
     assert!(err.contains("spec.training.runtime.pytorch"), "{err}");
     assert!(err.contains("MAJOR.MINOR"), "{err}");
 }
+
+/// Transformers' `gelu_new` (GPT-2's activation) keeps four tensors of the
+/// MLP's width for its own backward where one fused op keeps one: in fp32,
+/// 3 × 4 bytes more per intermediate element in every block. LitGPT runs
+/// GPT-2 with one GELU op.
+#[test]
+fn gelu_new_keeps_four_planes_under_transformers_one_under_litgpt() {
+    let hf = est_on(GPT2_FP32, "a100-80gb");
+    let lit = est_on(
+        &GPT2_FP32.replace("stack: custom", "stack: litgpt"),
+        "a100-80gb",
+    );
+    let tokens = 1024.0;
+    let extra = 12.0 * tokens * 3072.0 * (4.0 * 4.0 - 4.0);
+    assert_eq!(
+        at(&hf, StepPhase::ForwardEnd, Component::Activations)
+            - at(&lit, StepPhase::ForwardEnd, Component::Activations),
+        extra
+    );
+}
+
+/// PEFT's `modules_to_save` trains a full copy of the head beside the
+/// adapters: its weights, gradients and AdamW's two moments at fp32.
+/// GPT-2's own name for the head's tied embedding (`wte`) is accepted too.
+#[test]
+fn modules_to_save_trains_a_full_copy_of_the_head() {
+    let lora = "model: {preset: gpt2}
+training: {stack: custom, mode: lora, microBatchSize: 1, sequenceLength: 1024, precision: fp32, optimizer: adamw, optimizerImplementation: fused, globalBatchSize: 1, batching: packed, lora: {rank: 8, targetModules: [c_attn]MORE}}
+";
+    let plain = est_on(&lora.replace("MORE", ""), "a100-80gb");
+    let head = est_on(
+        &lora.replace("MORE", ", modulesToSave: [lm_head]"),
+        "a100-80gb",
+    );
+    let both = est_on(
+        &lora.replace("MORE", ", modulesToSave: [lm_head, wte]"),
+        "a100-80gb",
+    );
+    let matrix = 50257.0 * 768.0;
+    let diff = |a: &Estimate, b: &Estimate, c| {
+        at(a, StepPhase::OptimizerStep, c) - at(b, StepPhase::OptimizerStep, c)
+    };
+    assert_eq!(diff(&head, &plain, Component::Weights), matrix * 4.0);
+    assert_eq!(diff(&head, &plain, Component::Gradients), matrix * 4.0);
+    assert_eq!(
+        diff(&head, &plain, Component::OptimizerStates),
+        matrix * 8.0
+    );
+    assert_eq!(diff(&both, &head, Component::Gradients), matrix * 4.0);
+}
+
+/// Generation: the KV cache grows from the prompt to prompt + new tokens
+/// (Llama-3.1-8B: 32 blocks × 8 K/V heads × 128 × 2 tensors × 2 bytes = 128 KiB
+/// per position), or is allocated at its full length before the prompt runs.
+#[test]
+fn generation_grows_the_kv_cache_past_the_prompt() {
+    let spec = "model: {preset: llama-3.1-8b}
+training: {mode: inference, microBatchSize: 1, sequenceLength: 1000, precision: bf16GEN}
+";
+    let per_position = 32.0 * 8.0 * 128.0 * 2.0 * 2.0;
+    let grown = est_on(
+        &spec.replace("GEN", ", generation: {newTokens: 1048}"),
+        "h100-80gb",
+    );
+    // The prompt's forward is the same as without generation: the cache of
+    // its 1000 positions and one block's activations.
+    let prompt = est_on(&spec.replace("GEN", ""), "h100-80gb");
+    let prefill = |e: &Estimate| at(e, StepPhase::InferenceForward, Component::Activations);
+    assert_eq!(prefill(&grown), prefill(&prompt));
+    assert_eq!(
+        at(&grown, StepPhase::InferenceDecode, Component::Activations),
+        2048.0 * per_position
+    );
+    // The growth copy of one block's K: 2048 positions × 8 × 128 × 2 bytes.
+    assert!(at(&grown, StepPhase::InferenceDecode, Component::Temporaries) >= 2048.0 * 2048.0);
+    let fixed = est_on(
+        &spec.replace("GEN", ", generation: {newTokens: 1048, cacheLength: 4096}"),
+        "h100-80gb",
+    );
+    assert_eq!(
+        at(&fixed, StepPhase::InferenceDecode, Component::Activations),
+        4096.0 * per_position
+    );
+    // A static cache is there at full length from the prompt's forward on.
+    assert_eq!(
+        prefill(&fixed) - prefill(&prompt),
+        (4096.0 - 1000.0) * per_position
+    );
+    // Without generation there is one phase, as before.
+    assert!(
+        prompt
+            .phases
+            .iter()
+            .all(|p| p.phase != StepPhase::InferenceDecode)
+    );
+}

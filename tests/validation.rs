@@ -726,3 +726,98 @@ fn a_preset_hint_that_does_not_match_is_an_error() {
     // The hint naming the preset the spec uses is redundant, not wrong.
     check(&hinted("gpt2", "model: {preset: gpt2}")).expect("valid");
 }
+
+/// The module names users copy from a model's own code map to the
+/// projections they stand for: GPT-2's fused `c_attn` is q, k and v, its
+/// `c_proj` both the attention output and the MLP's second linear; BERT's
+/// `dense` is three linears; and the estimate counts what they map to.
+#[test]
+fn a_models_own_lora_target_names_map_to_its_projections() {
+    let targets = |model: &str, names: &str| {
+        check(&job(&format!(
+            "model: {{preset: {model}}}\ntraining: {{mode: lora, lora: {{targetModules: [{names}]}}}}"
+        )))
+        .expect("valid")
+        .lora
+        .expect("lora")
+        .target_modules
+    };
+    assert_eq!(
+        targets("gpt2", "c_attn, c_proj, c_fc"),
+        [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "down_proj",
+            "up_proj"
+        ]
+    );
+    assert_eq!(
+        targets("falcon-7b", "query_key_value, dense"),
+        ["q_proj", "k_proj", "v_proj", "o_proj"]
+    );
+    assert_eq!(
+        targets("bert-base", "dense"),
+        ["o_proj", "up_proj", "down_proj"]
+    );
+    // Naming a projection twice, once by each name, counts it once.
+    assert_eq!(
+        targets("llama-3.1-8b", "q_proj, qkv_proj"),
+        ["q_proj", "k_proj", "v_proj"]
+    );
+    // The fused name and the three names give the same trainable count.
+    let trainable = |names: &str| {
+        let j = check(&job(&format!(
+            "model: {{preset: gpt2}}\ntraining: {{mode: lora, lora: {{targetModules: [{names}]}}}}"
+        )))
+        .expect("valid");
+        let l = j.lora.as_ref().expect("lora");
+        vramguard::estimate::params::lora(&arch_of(&j), l.rank, &l.target_modules)
+            .expect("fits u64")
+    };
+    assert_eq!(trainable("c_attn"), trainable("q_proj, k_proj, v_proj"));
+    assert!(trainable("c_attn") > trainable("q_proj"));
+    // An unknown name says which names are known, the models' own included.
+    let errs = errors(&job(
+        "model: {preset: gpt2}\ntraining: {mode: lora, lora: {targetModules: [attn]}}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.lora.targetModules[0]"]);
+    assert!(errs[0].reason.contains("c_attn") && errs[0].reason.contains("q_proj"));
+}
+
+#[test]
+fn modules_to_save_takes_the_embedding_and_head_by_either_name() {
+    let j = check(&job(
+        "model: {preset: gpt2}\ntraining: {mode: lora, lora: {modulesToSave: [wte, lm_head, embed_tokens]}}",
+    ))
+    .expect("valid");
+    assert_eq!(
+        j.lora.expect("lora").modules_to_save,
+        ["embed_tokens", "lm_head"]
+    );
+    let errs = errors(&job(
+        "model: {preset: gpt2}\ntraining: {mode: lora, lora: {modulesToSave: [score]}}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.lora.modulesToSave[0]"]);
+    assert!(errs[0].reason.contains("embed_tokens") && errs[0].reason.contains("wte"));
+}
+
+#[test]
+fn generation_is_for_inference_and_its_cache_must_hold_the_tokens() {
+    let errs = errors(&job(
+        "model: {preset: gpt2}\ntraining: {mode: full, generation: {newTokens: 10}}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.generation"]);
+    let errs = errors(&job(
+        "model: {preset: gpt2}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100, cacheLength: 1024}}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.generation.cacheLength"]);
+    assert!(errs[0].reason.contains("1100"), "{}", errs[0].reason);
+    assert!(
+        check(&job(
+            "model: {preset: gpt2}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100}}",
+        ))
+        .is_ok()
+    );
+}

@@ -77,6 +77,16 @@ impl RuntimeFacts {
         }
     }
 
+    /// Whether a Transformers causal-LM's `forward` returns fp32 logits at
+    /// train time: through 4.45 the models ran `logits = logits.float()`
+    /// before their loss (4.45 warns "Starting from v4.46, the `logits` model
+    /// output will have the same type as the model"); 4.46 moved the upcast
+    /// into `ForCausalLMLoss` (huggingface/transformers#34147), so the output
+    /// keeps the model's dtype. `None` when the release is unknown.
+    pub fn transformers_returns_fp32_logits(&self) -> Option<bool> {
+        self.transformers.map(|v| v < (4, 46))
+    }
+
     /// Whether the Transformers release copies the shifted logits in its
     /// causal-LM loss (releases before 4.49, `estimate::bounds::logits_extra_bytes`).
     pub fn transformers_shifts_logits(&self) -> Option<bool> {

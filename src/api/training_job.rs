@@ -311,6 +311,25 @@ pub struct TrainingSpec {
     /// and the range covers variable-length batches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batching: Option<crate::api::Batching>,
+    /// mode inference: what generation adds to the prompt (`sequenceLength`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationSpec>,
+}
+
+/// Generation after the prompt (mode inference): the KV cache grows past the
+/// prompt's `sequenceLength` by the tokens generated, or is allocated at a
+/// fixed length up front.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GenerationSpec {
+    /// Tokens generated after the prompt (`max_new_tokens`).
+    #[serde(default)]
+    pub new_tokens: u64,
+    /// A KV cache allocated at this many positions before the prompt runs
+    /// (Transformers' `StaticCache` `max_cache_len`); absent: the cache grows
+    /// to sequenceLength + newTokens (`DynamicCache`). At least sequenceLength + newTokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_length: Option<u64>,
 }
 
 impl Default for TrainingSpec {
@@ -339,6 +358,7 @@ impl Default for TrainingSpec {
             peft: None,
             runtime: None,
             batching: None,
+            generation: None,
         }
     }
 }
@@ -375,12 +395,17 @@ pub struct LoraSpec {
     /// Dropout on the adapter input (its mask and output are kept for backward); 0 turns it off.
     #[serde(default = "default_lora_dropout")]
     pub dropout: f64,
-    /// Projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head.
+    /// Projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj lm_head, or the model's own names for them (c_attn, query_key_value, W_pack, qkv_proj, c_proj, c_fc, fc1, fc2, dense, dense_h_to_4h, dense_4h_to_h, gate_up_proj, query, key, value, q, k, v, o, wi, wo, w1, w2, w3).
     #[serde(default = "default_target_modules")]
     pub target_modules: Vec<String>,
     /// lora | dora | rslora (rsLoRA changes the scaling only: the same memory as LoRA).
     #[serde(default)]
     pub variant: LoraVariant,
+    /// Modules trained in full beside the adapters (PEFT's `modules_to_save`):
+    /// embed_tokens and/or lm_head, or a model's own names for them (wte,
+    /// word_embeddings, embed_in, tok_embeddings, embed_out, output).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modules_to_save: Vec<String>,
 }
 
 impl Default for LoraSpec {
@@ -391,6 +416,7 @@ impl Default for LoraSpec {
             dropout: default_lora_dropout(),
             target_modules: default_target_modules(),
             variant: LoraVariant::default(),
+            modules_to_save: Vec::new(),
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use super::training_job::*;
-use crate::estimate::arch::{Arch, Kind, Mlp, Norm};
+use crate::estimate::arch::{Act, Arch, Kind, Mlp, Norm};
 use crate::estimate::framework::{FrameworkAllocator, allocator_of};
 use crate::estimate::params;
 use crate::estimate::presets;
@@ -124,6 +124,9 @@ pub struct ValidatedJob {
     pub allocator_conf: crate::api::AllocatorConf,
 }
 
+/// The most positions a generation may add or a KV cache may hold (16 Mi).
+pub const MAX_GENERATED_TOKENS: u64 = 1 << 24;
+
 /// LoRA projections we know how to size.
 pub const LORA_TARGETS: &[&str] = &[
     "q_proj",
@@ -135,6 +138,87 @@ pub const LORA_TARGETS: &[&str] = &[
     "down_proj",
     "lm_head",
 ];
+
+/// The module names models give their projections, as users copy them into
+/// PEFT's `target_modules`, with the projections they stand for. A fused
+/// projection (GPT-2's `c_attn`, GPT-NeoX's and Falcon's `query_key_value`,
+/// Baichuan's `W_pack`, Phi-3's `qkv_proj` and `gate_up_proj`) gets one
+/// adapter pair over the fused output; it is counted as one pair per
+/// projection it fuses, which adds `rank × hidden` per extra projection
+/// (one more `lora_A`) and keeps the adapter's input once per projection:
+/// the safe side, a fraction of a percent of the adapter.
+pub const LORA_TARGET_ALIASES: &[(&str, &[&str])] = &[
+    ("c_attn", &["q_proj", "k_proj", "v_proj"]),
+    ("query_key_value", &["q_proj", "k_proj", "v_proj"]),
+    ("W_pack", &["q_proj", "k_proj", "v_proj"]),
+    ("qkv_proj", &["q_proj", "k_proj", "v_proj"]),
+    ("Wqkv", &["q_proj", "k_proj", "v_proj"]),
+    ("query", &["q_proj"]),
+    ("key", &["k_proj"]),
+    ("value", &["v_proj"]),
+    ("q", &["q_proj"]),
+    ("k", &["k_proj"]),
+    ("v", &["v_proj"]),
+    ("o", &["o_proj"]),
+    ("out_proj", &["o_proj"]),
+    ("dense", &["o_proj"]),
+    // GPT-2 names its attention output and its second MLP linear `c_proj`:
+    // PEFT matches both.
+    ("c_proj", &["o_proj", "down_proj"]),
+    ("c_fc", &["up_proj"]),
+    ("fc1", &["up_proj"]),
+    ("fc2", &["down_proj"]),
+    ("dense_h_to_4h", &["up_proj"]),
+    ("dense_4h_to_h", &["down_proj"]),
+    ("gate_up_proj", &["gate_proj", "up_proj"]),
+    ("wi", &["up_proj"]),
+    ("wi_0", &["gate_proj"]),
+    ("wi_1", &["up_proj"]),
+    ("wo", &["down_proj"]),
+    ("w1", &["gate_proj"]),
+    ("w3", &["up_proj"]),
+    ("w2", &["down_proj"]),
+];
+
+/// The projections a LoRA target name stands for in `arch`: one of
+/// `LORA_TARGETS`, or a model's own name (`LORA_TARGET_ALIASES`). BERT's
+/// `dense` matches its attention output and both MLP linears
+/// (`attention.output.dense`, `intermediate.dense`, `output.dense`).
+pub fn lora_target_names(name: &str, arch: Option<&Arch>) -> Option<&'static [&'static str]> {
+    if let Some(known) = LORA_TARGETS.iter().position(|t| *t == name) {
+        return Some(&LORA_TARGETS[known..known + 1]);
+    }
+    if name == "dense" && arch.is_some_and(|a| a.kind == Kind::Encoder) {
+        return Some(&["o_proj", "up_proj", "down_proj"]);
+    }
+    LORA_TARGET_ALIASES
+        .iter()
+        .find(|(a, _)| *a == name)
+        .map(|(_, names)| *names)
+}
+
+/// Names of the embedding and the LM head in models' own code, for PEFT's
+/// `modules_to_save`.
+pub const SAVED_MODULE_ALIASES: &[(&str, &str)] = &[
+    ("wte", "embed_tokens"),
+    ("word_embeddings", "embed_tokens"),
+    ("embed_in", "embed_tokens"),
+    ("tok_embeddings", "embed_tokens"),
+    ("embed_out", "lm_head"),
+    ("output", "lm_head"),
+];
+
+/// `embed_tokens` or `lm_head` for a `modulesToSave` entry, by either name.
+pub fn saved_module_name(name: &str) -> Option<&'static str> {
+    match name {
+        "embed_tokens" => Some("embed_tokens"),
+        "lm_head" => Some("lm_head"),
+        _ => SAVED_MODULE_ALIASES
+            .iter()
+            .find(|(a, _)| *a == name)
+            .map(|(_, n)| *n),
+    }
+}
 
 /// The projections inside a transformer block (the LoRA targets but the head).
 pub fn block_projections() -> &'static [&'static str] {
@@ -330,15 +414,60 @@ fn validate_hinted(
                     format!("must name at least one of {}", LORA_TARGETS.join(", ")),
                 );
             }
+            let arch = match &model {
+                Some(ResolvedModel::Transformer(a)) => Some(a),
+                _ => None,
+            };
+            let mut canonical: Vec<String> = Vec::new();
             for (i, m) in l.target_modules.iter().enumerate() {
-                if !LORA_TARGETS.contains(&m.as_str()) {
-                    errs.push(
+                match lora_target_names(m, arch) {
+                    Some(names) => {
+                        for n in names {
+                            if !canonical.iter().any(|c| c == n) {
+                                canonical.push((*n).to_string());
+                            }
+                        }
+                    }
+                    None => errs.push(
                         &format!("spec.training.lora.targetModules[{i}]"),
-                        format!("unknown module {m:?}; known: {}", LORA_TARGETS.join(", ")),
-                    );
+                        format!(
+                            "unknown module {m:?}; known: {}, or a model's own name for them ({})",
+                            LORA_TARGETS.join(", "),
+                            LORA_TARGET_ALIASES
+                                .iter()
+                                .map(|(a, _)| *a)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
                 }
             }
-            Some(l)
+            let mut saved: Vec<String> = Vec::new();
+            for (i, m) in l.modules_to_save.iter().enumerate() {
+                match saved_module_name(m) {
+                    Some(n) => {
+                        if !saved.iter().any(|c| c == n) {
+                            saved.push(n.to_string());
+                        }
+                    }
+                    None => errs.push(
+                        &format!("spec.training.lora.modulesToSave[{i}]"),
+                        format!(
+                            "unknown module {m:?}; known: embed_tokens, lm_head, or a model's own name for them ({})",
+                            SAVED_MODULE_ALIASES
+                                .iter()
+                                .map(|(a, _)| *a)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                }
+            }
+            Some(LoraSpec {
+                target_modules: canonical,
+                modules_to_save: saved,
+                ..l
+            })
         }
         _ => {
             if t.lora.is_some() {
@@ -394,6 +523,35 @@ fn validate_hinted(
             "spec.training.trainableParameters",
             format!("{n} exceeds the model's {total_parameters} parameters"),
         );
+    }
+    if let Some(g) = &t.generation {
+        if t.mode != TrainingMode::Inference {
+            errs.push(
+                "spec.training.generation",
+                "only used with mode: inference (training steps generate nothing)",
+            );
+        }
+        errs.at_most(
+            "spec.training.generation.newTokens",
+            g.new_tokens,
+            MAX_GENERATED_TOKENS,
+        );
+        if let Some(len) = g.cache_length {
+            let needed = t.sequence_length.saturating_add(g.new_tokens);
+            if len < needed {
+                errs.push(
+                    "spec.training.generation.cacheLength",
+                    format!(
+                        "{len} cannot hold the prompt and the generated tokens; use at least sequenceLength + newTokens = {needed}, or leave it out for a cache that grows"
+                    ),
+                );
+            }
+            errs.at_most(
+                "spec.training.generation.cacheLength",
+                len,
+                MAX_GENERATED_TOKENS,
+            );
+        }
     }
     if t.mode == TrainingMode::Inference && t.trainable_parameters.is_some_and(|v| v > 0.0) {
         errs.push(
@@ -1158,6 +1316,8 @@ fn transformer_arch(
         intermediate,
         vocab: t.vocab_size,
         mlp,
+        // The contract does not say the activation function: one op.
+        act: Act::Fused,
         tied: t.tied_embeddings,
         experts: t.experts,
         experts_per_token: t.experts_per_token,

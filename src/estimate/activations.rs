@@ -4,7 +4,7 @@
 //! "Activation model"). Terms inside attention and the MLP split over tensor
 //! parallelism; norm and residual terms split only with sequence parallelism.
 
-use super::arch::{Arch, Kind, Mlp, Norm};
+use super::arch::{Act, Arch, Kind, Mlp, Norm};
 use super::peft::Peft;
 use crate::api::{Attention, Checkpointing};
 
@@ -44,6 +44,10 @@ pub struct ActContext<'a> {
     pub lora_dropout: bool,
     /// Norm weights and a scale per linear output are trained (LLaMA-Adapter v2 style).
     pub scaled_linears: bool,
+    /// The MLP's activation function as the job's stack runs it: the
+    /// model's `Arch::act` under a stack that runs Transformers' modules,
+    /// `Act::Fused` under a stack with its own (LitGPT, torchtune, …).
+    pub act: Act,
 }
 
 /// Bytes per token of the inside of one self-attention sub-block and norms.
@@ -199,6 +203,37 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
     bytes
 }
 
+/// Bytes per intermediate element the MLP's activation function saves for
+/// its own backward, not counting its output.
+///
+/// - `Fused`: its input, at e.
+/// - `GeluNew` (`0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3))))`), by
+///   the derivatives in PyTorch's tools/autograd/derivatives.yaml: `pow`
+///   saves its input, `tanh` its output `t`, the final product both factors
+///   (`0.5 * x` and `1 + t`); products and sums with a Python scalar save
+///   nothing. Under autocast `pow` is on the fp32 list
+///   (aten/src/ATen/autocast_mode.cpp), so it saves an fp32 copy of x and
+///   everything after it promotes to fp32 except `0.5 * x`: 4 + 4 + e + 4.
+///   Without autocast: 4 tensors at e. The meta-device reference measures
+///   GPT-2's MLP at 17 and 22 bytes per intermediate element with the
+///   output (bf16-mixed and fp32), against 16 and 20 here.
+pub fn act_saved(act: Act, e: f64, mixed: bool) -> f64 {
+    match act {
+        Act::Fused => e,
+        Act::GeluNew if mixed => 12.0 + e,
+        Act::GeluNew => 4.0 * e,
+    }
+}
+
+/// Bytes per element of the activation function's output: `gelu_new`'s
+/// last product promotes to fp32 under autocast.
+fn act_output(act: Act, e: f64, mixed: bool) -> f64 {
+    match act {
+        Act::GeluNew if mixed => 4.0,
+        _ => e,
+    }
+}
+
 /// MLP interior bytes per token of one dense MLP of width `i`.
 fn dense_mlp(a: &Arch, c: &ActContext, i: f64) -> f64 {
     let e = c.elem;
@@ -208,14 +243,14 @@ fn dense_mlp(a: &Arch, c: &ActContext, i: f64) -> f64 {
         // gate and up outputs (kept by SiLU and the product), SiLU output,
         // and the product that down_proj keeps.
         Mlp::Gated => {
-            3.0 * e * i
+            (act_saved(c.act, e, c.mixed) + e + act_output(c.act, e, c.mixed)) * i
                 + if saves_in { e * i } else { 0.0 }
                 + 2.0 * quantized_input(c, h)
                 + quantized_input(c, i)
         }
         // fc1 output (kept by GELU) and GELU output that fc2 keeps.
         Mlp::Standard => {
-            e * i
+            act_saved(c.act, e, c.mixed) * i
                 + if saves_in { e * i } else { 0.0 }
                 + quantized_input(c, h)
                 + quantized_input(c, i)

@@ -21,6 +21,20 @@ pub enum Mlp {
     Standard,
 }
 
+/// How the MLP's activation function runs, which sets what it saves for
+/// backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// One ATen op (SiLU, GELU with or without the tanh approximation, ReLU):
+    /// it saves its input and returns one tensor of the input's dtype.
+    Fused,
+    /// Transformers' `gelu_new` (`NewGELUActivation`,
+    /// src/transformers/activations.py): `0.5 * x * (1 + tanh(sqrt(2 / pi) *
+    /// (x + 0.044715 * pow(x, 3))))` as eight pointwise ops in Python (GPT-2,
+    /// Phi-1/1.5/2, T5 v1.1's `gated-gelu`); see `activations::act_saved`.
+    GeluNew,
+}
+
 /// Normalisation layer kind (LayerNorm has a bias, RMSNorm does not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Norm {
@@ -43,6 +57,8 @@ pub struct Arch {
     pub intermediate: u64,
     pub vocab: u64,
     pub mlp: Mlp,
+    /// The MLP's activation function as the model's own code runs it.
+    pub act: Act,
     /// Output projection shares the input embedding's weights.
     pub tied: bool,
     /// Experts per MoE layer (0 = dense).
@@ -131,6 +147,7 @@ impl Arch {
             intermediate,
             vocab,
             mlp: Mlp::Gated,
+            act: Act::Fused,
             tied,
             experts: 0,
             experts_per_token: 0,

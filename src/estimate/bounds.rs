@@ -41,6 +41,9 @@ pub enum Mechanism {
     CudnnWorkspace,
     /// Copies of the logits that the model's forward and the loss make.
     LogitsCopies,
+    /// Tensors the training loop itself holds through backward and the
+    /// optimizer step: the model's output logits and the batch.
+    LoopHeld,
     /// Transient buffers inside one block's forward and backward.
     Temporaries,
     /// The bytes per token each block saves for backward.
@@ -58,13 +61,14 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
         Mechanism::Fragmentation,
         Mechanism::CudnnWorkspace,
         Mechanism::LogitsCopies,
+        Mechanism::LoopHeld,
         Mechanism::Temporaries,
         Mechanism::SavedActivations,
         Mechanism::QuantizedInput,
@@ -82,6 +86,7 @@ impl Mechanism {
             Mechanism::Fragmentation => "allocatorFragmentation",
             Mechanism::CudnnWorkspace => "cudnnWorkspace",
             Mechanism::LogitsCopies => "logitsCopies",
+            Mechanism::LoopHeld => "loopHeld",
             Mechanism::Temporaries => "temporaries",
             Mechanism::SavedActivations => "savedActivations",
             Mechanism::QuantizedInput => "quantizedInput",
@@ -102,6 +107,7 @@ impl Mechanism {
             }
             Mechanism::CudnnWorkspace => "a convolution-free model",
             Mechanism::LogitsCopies => "training.runtime.transformers, training.stack",
+            Mechanism::LoopHeld => "training.stack (a stack whose loop is known)",
             Mechanism::Temporaries => "nothing in the spec (kernel scheduling)",
             Mechanism::SavedActivations => {
                 "training.stack (the stack's own modules), attention: flash"
@@ -318,6 +324,70 @@ pub fn logits_extra_bytes(ends: &Ends, facts: &Facts, own_loss: bool) -> f64 {
         Some(false) => 0.0,
         None => ends.pick(Mechanism::LogitsCopies, 0.0, 0.0, 4.0),
     }
+}
+
+/// Bytes per logit element that the training loop itself holds through
+/// backward: the model's own output logits, referenced by the loop while
+/// `loss.backward()` runs.
+///
+/// A loop written as `outputs = model(**batch); loss = outputs.loss;
+/// loss.backward()` (Transformers' `run_clm_no_trainer.py`, Accelerate's
+/// examples) or `logits = model(x); loss = f(logits)` keeps `outputs.logits`
+/// alive until the next iteration rebinds it; `loss = model(**batch).loss`
+/// drops them before backward (the meta-device reference's loop,
+/// `benches/reference/sweep.py` `forward`: at `backward:head` it holds the
+/// three fp32 log-softmax planes and no 16-bit logits). Stacks whose
+/// training step returns only the loss (HF Trainer's `training_step` calls
+/// `compute_loss` without `return_outputs`, transformers
+/// src/transformers/trainer.py) are `kept = false` by their profile and hold
+/// nothing.
+///
+/// The dtype of the held logits: through Transformers 4.45 a causal-LM's
+/// `forward` upcast them (`logits = logits.float()`) before its loss, so
+/// the output holds fp32 logits; from 4.46 the upcast happens inside
+/// `ForCausalLMLoss` and the output keeps the model's dtype
+/// (huggingface/transformers#34147, `RuntimeFacts::transformers_returns_fp32_logits`).
+///
+/// - point: `elem` per element when the profile says the loop may hold
+///   them (a hand-written loop), 4 bytes when the job runs Transformers
+///   before 4.46.
+/// - high: 4 bytes when the model's forward is Transformers' (`own_loss`
+///   false) and the release is unknown, else as the point.
+/// - low: 0, the loop that keeps only the loss.
+///
+/// Narrowed by `training.stack` (a stack whose step is known) and
+/// `training.runtime.transformers`.
+pub fn logits_held(ends: &Ends, facts: &Facts, kept: bool, own_loss: bool, elem: f64) -> f64 {
+    if !kept {
+        return 0.0;
+    }
+    let fp32 = if own_loss {
+        Some(false)
+    } else {
+        facts.runtime.transformers_returns_fp32_logits()
+    };
+    let point = if fp32 == Some(true) {
+        elem.max(4.0)
+    } else {
+        elem
+    };
+    let high = if fp32 == Some(false) {
+        elem
+    } else {
+        elem.max(4.0)
+    };
+    ends.pick(Mechanism::LoopHeld, 0.0, point, high)
+}
+
+/// Whether the batch's tensors are still referenced by the loop when the
+/// optimizer steps (1) or already dropped (0). `for batch in loader:`
+/// keeps the batch bound through `optimizer.step()`, as HF Trainer's inner
+/// loop does with `inputs`; a loop that deletes it after backward (the
+/// meta-device reference's, `benches/reference/sweep.py`) does not.
+///
+/// - point and high: held. low: dropped.
+pub fn batch_held_at_step(ends: &Ends) -> f64 {
+    ends.pick(Mechanism::LoopHeld, 0.0, 1.0, 1.0)
 }
 
 /// Transient buffers alive at once inside one block's forward, in elements

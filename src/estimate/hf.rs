@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::arch::{Arch, Kind, Mlp, Norm};
+use super::arch::{Act, Arch, Kind, Mlp, Norm};
 
 /// The `model_type`s we can read.
 pub const MODEL_TYPES: &[&str] = &[
@@ -116,6 +116,18 @@ impl Reader<'_> {
         }
     }
 
+    /// The MLP's activation function named by `key` (`default` when the key
+    /// is absent): Transformers' `gelu_new` runs as Python pointwise ops;
+    /// every other name is one op here (`Act`).
+    fn act(&mut self, key: &str, default: &str) -> Act {
+        let name = self.text(key).unwrap_or_else(|| default.to_string());
+        if name == "gelu_new" {
+            Act::GeluNew
+        } else {
+            Act::Fused
+        }
+    }
+
     fn text(&mut self, key: &str) -> Option<String> {
         match self.map.get(key) {
             None | Some(Value::Null) => None,
@@ -188,6 +200,7 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
                 vocab: r.dim(&["vocab_size"], None),
                 mlp: Mlp::Standard,
+                act: r.act("hidden_act", "gelu_new"),
                 tied: r.flag("tie_word_embeddings", false),
                 experts: 0,
                 experts_per_token: 0,
@@ -218,6 +231,7 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 intermediate: r.dim(&["n_inner"], Some(hidden * 4)),
                 vocab: r.dim(&["vocab_size"], None),
                 mlp: Mlp::Standard,
+                act: r.act("activation_function", "gelu_new"),
                 tied: r.flag("tie_word_embeddings", true),
                 experts: 0,
                 experts_per_token: 0,
@@ -248,6 +262,7 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
                 vocab: r.dim(&["vocab_size"], None),
                 mlp: Mlp::Standard,
+                act: r.act("hidden_act", "gelu"),
                 tied: r.flag("tie_word_embeddings", false),
                 experts: 0,
                 experts_per_token: 0,
@@ -288,6 +303,8 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 intermediate: r.dim(&["ffn_hidden_size"], Some(hidden * 4)),
                 vocab: r.dim(&["vocab_size"], None),
                 mlp: Mlp::Standard,
+                // FalconMLP runs nn.GELU(): one op.
+                act: Act::Fused,
                 tied: r.flag("tie_word_embeddings", true),
                 experts: 0,
                 experts_per_token: 0,
@@ -318,6 +335,7 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
                 vocab: r.dim(&["vocab_size"], None),
                 mlp: Mlp::Standard,
+                act: r.act("hidden_act", "gelu"),
                 tied: r.flag("tie_word_embeddings", true),
                 experts: 0,
                 experts_per_token: 0,
@@ -354,6 +372,16 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
                 } else {
                     Mlp::Standard
                 },
+                // T5Config maps `gated-gelu` to `dense_act_fn: gelu_new`
+                // (src/transformers/models/t5/configuration_t5.py).
+                act: r.act(
+                    "dense_act_fn",
+                    if proj == "gated-gelu" {
+                        "gelu_new"
+                    } else {
+                        proj.rsplit('-').next().unwrap_or("relu")
+                    },
+                ),
                 tied: r.flag("tie_word_embeddings", true),
                 experts: 0,
                 experts_per_token: 0,
@@ -509,6 +537,7 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
         intermediate,
         vocab: r.dim(&["vocab_size"], None),
         mlp: Mlp::Gated,
+        act: r.act("hidden_act", "silu"),
         tied: r.flag("tie_word_embeddings", tied_default),
         experts,
         experts_per_token: per_token,

@@ -7,7 +7,7 @@
 //! tensors the [`Arch`] shape does not describe (a BERT pooler, Gemma 2's
 //! extra norms, T5's relative-position tables, a router), the entry says so.
 
-use super::arch::{Arch, Kind, Mlp, Norm};
+use super::arch::{Act, Arch, Kind, Mlp, Norm};
 
 /// One built-in model.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +37,8 @@ const fn gpt2(layers: u64, hidden: u64, heads: u64) -> Arch {
         intermediate: 4 * hidden,
         vocab: 50257,
         mlp: Mlp::Standard,
+        // config.json: "activation_function": "gelu_new"
+        act: Act::GeluNew,
         tied: true,
         experts: 0,
         experts_per_token: 0,
@@ -77,6 +79,7 @@ const fn bert(
         intermediate,
         vocab,
         mlp: Mlp::Standard,
+        act: Act::Fused,
         tied: true,
         experts: 0,
         experts_per_token: 0,
@@ -134,6 +137,8 @@ const fn phi(layers: u64, hidden: u64, heads: u64, intermediate: u64) -> Arch {
         intermediate,
         vocab: 51200,
         mlp: Mlp::Standard,
+        // config.json: "hidden_act": "gelu_new"
+        act: Act::GeluNew,
         tied: false,
         experts: 0,
         experts_per_token: 0,
@@ -166,6 +171,7 @@ const fn neox(layers: u64, hidden: u64, heads: u64, vocab: u64) -> Arch {
         intermediate: 4 * hidden,
         vocab,
         mlp: Mlp::Standard,
+        act: Act::Fused,
         tied: false,
         experts: 0,
         experts_per_token: 0,
@@ -213,6 +219,7 @@ const fn t5(layers: u64, hidden: u64, heads: u64, intermediate: u64) -> Arch {
         intermediate,
         vocab: 32128,
         mlp: Mlp::Standard,
+        act: Act::Fused,
         tied: true,
         experts: 0,
         experts_per_token: 0,
@@ -720,6 +727,7 @@ pub const PRESETS: &[Preset] = &[
             intermediate: 18176,
             vocab: 65024,
             mlp: Mlp::Standard,
+            act: Act::Fused,
             tied: true,
             experts: 0,
             experts_per_token: 0,

@@ -90,6 +90,8 @@ pub enum StepPhase {
     OptimizerStep,
     /// Inference forward (prefill with the KV cache).
     InferenceForward,
+    /// The last generated token: the KV cache at its full length.
+    InferenceDecode,
 }
 
 impl StepPhase {
@@ -101,6 +103,7 @@ impl StepPhase {
             StepPhase::BackwardEnd => "backward (end)",
             StepPhase::OptimizerStep => "optimizer step",
             StepPhase::InferenceForward => "inference forward",
+            StepPhase::InferenceDecode => "inference decode",
         }
     }
 }
@@ -175,10 +178,18 @@ struct Stage {
     /// Temporaries while the loss and head run backward.
     temp_head: f64,
     inputs: f64,
+    /// The batch's own tensors inside `inputs` (token ids and labels,
+    /// images), which the loop may drop before the optimizer step.
+    batch: f64,
     temp_forward: f64,
     temp_backward: f64,
     comm: f64,
     kv_cache: f64,
+    /// Generation: the KV cache at its full length, and what the last
+    /// token's step holds besides (its logits, the cache's growth copy).
+    kv_decode: f64,
+    decode_logits: f64,
+    decode_temp: f64,
     large_tensors: f64,
     largest_tensor: f64,
 }
@@ -348,6 +359,13 @@ impl StepModel {
             p.components[Component::Logits as usize] = s.logits_forward;
             p.components[Component::Temporaries as usize] = s.temp_forward + s.weight_transient;
             out.push(p);
+            if s.kv_decode > 0.0 {
+                let mut d = base(StepPhase::InferenceDecode);
+                d.components[Component::Activations as usize] = s.kv_decode;
+                d.components[Component::Logits as usize] = s.decode_logits;
+                d.components[Component::Temporaries as usize] = s.decode_temp + s.weight_transient;
+                out.push(d);
+            }
             return out;
         }
         // Gradients from earlier micro-batches are live while accumulating.
@@ -403,6 +421,8 @@ impl StepModel {
         let mut opt = base(StepPhase::OptimizerStep);
         opt.components[Component::Gradients as usize] = s.grads;
         opt.components[Component::Temporaries as usize] = s.optimizer_temp;
+        opt.components[Component::Inputs as usize] -=
+            s.batch * (1.0 - bounds::batch_held_at_step(&self.ends));
         out.push(opt);
         out
     }
@@ -579,6 +599,24 @@ fn transformer_stage(
     let stage_params = linear + head + embedding + small;
 
     // ---- Trainable parameters ----
+    // PEFT's `modules_to_save` wraps the module in a `ModulesToSaveWrapper`
+    // that keeps the frozen original and trains a deep copy
+    // (huggingface/peft src/peft/utils/other.py, `ModulesToSaveWrapper`):
+    // the copy's weights, gradients and optimizer states are the module's
+    // full size. A tied head's copy is its own matrix, untied from the
+    // embedding.
+    let saved_modules = job.lora.as_ref().map_or(0.0, |l| {
+        l.modules_to_save
+            .iter()
+            .map(|m| match m.as_str() {
+                // The token embedding (not the position embedding beside it)
+                // and the head: vocab × hidden each.
+                "embed_tokens" if first => v * h / tp,
+                "lm_head" if last => v * h / tp,
+                _ => 0.0,
+            })
+            .sum::<f64>()
+    });
     let explicit = t.trainable_parameters.map(|v| v * stage_share / tp);
     let adapter_default = match method {
         Peft::LlamaAdapter { layers: None } => prefix_adapter_parameters(arch),
@@ -590,6 +628,7 @@ fn transformer_stage(
         TrainingMode::Lora | TrainingMode::Qlora => explicit.unwrap_or_else(|| {
             let l = job.lora.as_ref().expect("validated lora modes carry lora");
             params::lora(arch, l.rank, &l.target_modules).unwrap_or(0) as f64 * stage_share / tp
+                + saved_modules
         }),
         TrainingMode::Adapter => explicit.unwrap_or(adapter_default),
     };
@@ -737,6 +776,11 @@ fn transformer_stage(
         scaled_linears: t.mode == TrainingMode::Adapter
             && t.trainable_parameters
                 .is_some_and(|n| n > ADAPTER_V2_RATIO * prefix_adapter_parameters(arch)),
+        act: if profile.own_loss {
+            crate::estimate::arch::Act::Fused
+        } else {
+            arch.act
+        },
     };
     let full_block = activations::block_bytes_per_token(arch, &ctx, false);
     let kept_enc = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, false);
@@ -805,7 +849,13 @@ fn transformer_stage(
     let vocab_rank = v / tp;
     let (mut logits_forward, mut logits_backward) = (0.0, 0.0);
     // The model's own logits, while the loop holds them through backward.
-    let held = if profile.logits_kept { elem } else { 0.0 };
+    let held = bounds::logits_held(
+        ends,
+        &Facts::of(job),
+        profile.logits_kept,
+        profile.own_loss,
+        elem,
+    );
     let chunk_tokens = loss_chunk_tokens(profile.loss_chunking, s / cp);
     if last && job.head == crate::api::Head::Lm && !inference {
         match t.loss {
@@ -931,13 +981,40 @@ fn transformer_stage(
     };
 
     // ---- Inference ----
+    // K and V of one block for one position of the batch.
+    let kv_position = 2.0 * b * (arch.kv_heads * arch.head_dim) as f64 / tp * elem;
+    let generation = t.generation.clone().unwrap_or_default();
     let kv_cache = if inference {
-        // K and V per block for the whole sequence.
-        2.0 * (enc_blocks + dec_blocks) * b * (s / cp) * (arch.kv_heads * arch.head_dim) as f64 / tp
-            * elem
+        // K and V per block for the prompt (or a cache allocated up front).
+        let positions = generation.cache_length.map_or(s / cp, |c| c as f64 / cp);
+        (enc_blocks + dec_blocks) * kv_position * positions
     } else {
         0.0
     };
+    let (mut kv_decode, mut decode_logits, mut decode_temp) = (0.0, 0.0, 0.0);
+    if inference && (generation.new_tokens > 0 || generation.cache_length.is_some()) {
+        let full = generation
+            .cache_length
+            .unwrap_or(t.sequence_length + generation.new_tokens) as f64
+            / cp;
+        kv_decode = (enc_blocks + dec_blocks) * kv_position * full;
+        // `generate` keeps the last position's logits as an fp32 copy
+        // (`outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)`,
+        // src/transformers/generation/utils.py) beside the head's output.
+        decode_logits = if last && job.head == crate::api::Head::Lm {
+            b * vocab_rank * (elem + 4.0)
+        } else {
+            0.0
+        };
+        // A growing cache appends with `torch.cat` (`DynamicLayer.update`,
+        // src/transformers/cache_utils.py): the new K (then V) of one block
+        // exists beside the old one until it replaces it.
+        decode_temp = if generation.cache_length.is_none() {
+            kv_position / 2.0 * full
+        } else {
+            0.0
+        };
+    }
     if inference {
         activations_total = 0.0;
         // LitGPT and Transformers before 4.45 keep prefill logits for every
@@ -1008,10 +1085,14 @@ fn transformer_stage(
         logits_kept,
         temp_head,
         inputs,
+        batch: b * s * 16.0,
         temp_forward,
         temp_backward,
         comm,
         kv_cache,
+        kv_decode,
+        decode_logits,
+        decode_temp,
         large_tensors,
         largest_tensor,
     }
@@ -1103,6 +1184,7 @@ fn custom_stage(
         logits_kept: 0.0,
         temp_head: 0.0,
         inputs: t.data_on_gpu_bytes as f64,
+        batch: 0.0,
         temp_forward: 0.0,
         temp_backward: 0.0,
         comm: if dp > 1.0 && zero == 0 && !inference {
@@ -1111,6 +1193,9 @@ fn custom_stage(
             0.0
         },
         kv_cache: if inference { activations } else { 0.0 },
+        kv_decode: 0.0,
+        decode_logits: 0.0,
+        decode_temp: 0.0,
         large_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
         largest_tensor: (parameters / 100.0 * elem).min(4.0 * GIB),
     }
@@ -1200,6 +1285,7 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
         inputs: stack.input_elems_per_sample as f64 * b * 4.0
             + b * 8.0
             + t.data_on_gpu_bytes as f64,
+        batch: stack.input_elems_per_sample as f64 * b * 4.0 + b * 8.0,
         temp_forward: largest_act,
         // The gradients of the largest layer's input and output, plus what
         // its backward kernels hold besides (`bounds::backward_temporaries`).
@@ -1210,6 +1296,9 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
             0.0
         },
         kv_cache: 0.0,
+        kv_decode: 0.0,
+        decode_logits: 0.0,
+        decode_temp: 0.0,
         large_tensors: stack.parameter_tensors as f64,
         largest_tensor: (stack.largest_param_elems as f64 * r.weight.max(elem)).max(largest_act),
     }
