@@ -30,7 +30,10 @@ pub fn phrase(knobs: Knobs, from: &Settings, to: &Settings) -> Vec<String> {
     if micro || accum {
         let (m, a) = (
             (from.micro_batch_size, to.micro_batch_size),
-            (from.gradient_accumulation_steps, to.gradient_accumulation_steps),
+            (
+                from.gradient_accumulation_steps,
+                to.gradient_accumulation_steps,
+            ),
         );
         out.push(match knobs {
             Knobs::Trainer(Trainer::HfTrainer) => format!(
@@ -161,10 +164,14 @@ mod tests {
             phrase(Knobs::Trainer(Trainer::Torchtune), &a, &b),
             ["`batch_size=4 → 2` with `gradient_accumulation_steps=8 → 16`"]
         );
-        assert!(phrase(Knobs::Trainer(Trainer::LitGpt), &a, &b)[0]
-            .starts_with("`--train.micro_batch_size 4 → 2`"));
-        assert!(phrase(Knobs::Annotation, &a, &b)[0].starts_with("`training.microBatchSize 4 → 2`"));
-        let mut c = b.clone();
+        assert!(
+            phrase(Knobs::Trainer(Trainer::LitGpt), &a, &b)[0]
+                .starts_with("`--train.micro_batch_size 4 → 2`")
+        );
+        assert!(
+            phrase(Knobs::Annotation, &a, &b)[0].starts_with("`training.microBatchSize 4 → 2`")
+        );
+        let mut c = b;
         c.gradient_checkpointing = Checkpointing::Selective;
         assert_eq!(
             phrase(Knobs::Trainer(Trainer::HfTrainer), &a, &c)[1],

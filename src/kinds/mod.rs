@@ -24,8 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
 
 use crate::api::{
-    self, FieldError, FitMode, FitPolicy, ModelSpec, ParallelismSpec, TrainingJob,
-    TrainingJobSpec, ValidatedJob, parse,
+    self, FieldError, FitMode, FitPolicy, ModelSpec, ParallelismSpec, TrainingJob, TrainingJobSpec,
+    ValidatedJob, parse,
 };
 pub use knobs::Knobs;
 pub use trainer::{Source, Trainer};
@@ -239,7 +239,12 @@ fn products_of(pod_spec: &Value) -> Vec<String> {
             .flatten()
         {
             if str_at(e, "key") == Some(PRODUCT_LABEL) && str_at(e, "operator") == Some("In") {
-                for v in e.get("values").and_then(Value::as_array).into_iter().flatten() {
+                for v in e
+                    .get("values")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     if let Some(v) = v.as_str()
                         && !out.iter().any(|o| o == v)
                     {
@@ -462,14 +467,27 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         ..ObjectMeta::default()
     };
     if let Some(h) = hint {
-        metadata.annotations = Some(BTreeMap::from([(api::PRESET_HINT_ANNOTATION.to_string(), h)]));
+        metadata.annotations = Some(BTreeMap::from([(
+            api::PRESET_HINT_ANNOTATION.to_string(),
+            h,
+        )]));
     }
     let base_sources = vec![Source {
         field: "parallelism.gpus".to_string(),
         from: format!("{world}: {layout} ({})", first.path),
     }];
     if let Some(text) = annotated {
-        return from_annotation(kind, &text, world, per_pod, &layout, metadata, base_sources, products, tolerations);
+        return from_annotation(
+            kind,
+            &text,
+            world,
+            per_pod,
+            &layout,
+            metadata,
+            base_sources,
+            products,
+            tolerations,
+        );
     }
     // The trainer's command line, in the GPU containers first.
     let mut unreadable: Option<String> = None;
@@ -486,7 +504,17 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         for cmd in cmds {
             match trainer::parse(&cmd) {
                 trainer::Parsed::Found(f) => {
-                    return from_command(kind, *f, world, per_pod, metadata, base_sources, products, tolerations, &c.path);
+                    return from_command(
+                        kind,
+                        *f,
+                        world,
+                        per_pod,
+                        metadata,
+                        base_sources,
+                        products,
+                        tolerations,
+                        &c.path,
+                    );
                 }
                 trainer::Parsed::Unreadable(why) => {
                     unreadable.get_or_insert(format!("{}: {why}", c.path));
@@ -520,7 +548,10 @@ fn from_annotation(
     if text.len() > MAX_ANNOTATION {
         return Reading::Invalid(vec![field(
             at(),
-            format!("{} bytes; vramguard reads at most {MAX_ANNOTATION}", text.len()),
+            format!(
+                "{} bytes; vramguard reads at most {MAX_ANNOTATION}",
+                text.len()
+            ),
         )]);
     }
     let doc = match parse::documents(text) {
@@ -528,7 +559,11 @@ fn from_annotation(
         Ok(d) => {
             return Reading::Invalid(vec![field(
                 at(),
-                format!("{} YAML documents; write one mapping with {}", d.len(), ANNOTATION_SECTIONS.join(", ")),
+                format!(
+                    "{} YAML documents; write one mapping with {}",
+                    d.len(),
+                    ANNOTATION_SECTIONS.join(", ")
+                ),
             )]);
         }
         Err(e) => return Reading::Invalid(vec![field(at(), e.to_string())]),
@@ -637,7 +672,9 @@ fn from_command(
     {
         sources.push(Source {
             field: "parallelism.gpus".to_string(),
-            from: format!("the launcher in {container} says {w} processes; the pods' {world} GPUs are judged"),
+            from: format!(
+                "the launcher in {container} says {w} processes; the pods' {world} GPUs are judged"
+            ),
         });
     }
     let mut training = f.training;

@@ -27,7 +27,16 @@ fn from<'a>(f: &'a trainer::FromCommand, field: &str) -> &'a str {
 }
 
 /// (command as documented, preset, mode, micro, accumulation, precision, checkpointing, sequence)
-type Row = (&'static str, &'static str, TrainingMode, u64, u64, Precision, Checkpointing, u64);
+type Row = (
+    &'static str,
+    &'static str,
+    TrainingMode,
+    u64,
+    u64,
+    Precision,
+    Checkpointing,
+    u64,
+);
 
 #[test]
 fn transformers_and_trl_command_lines_as_documented() {
@@ -38,7 +47,13 @@ fn transformers_and_trl_command_lines_as_documented() {
              --learning_rate 2.0e-5 --num_train_epochs 1 --packing --per_device_train_batch_size 2 \
              --gradient_accumulation_steps 8 --gradient_checkpointing --eos_token '<|im_end|>' \
              --eval_strategy steps --eval_steps 100 --output_dir Qwen2-0.5B-SFT --push_to_hub",
-            "qwen2.5-0.5b", TrainingMode::Full, 2, 8, Precision::Fp32, Checkpointing::Full, 2048,
+            "qwen2.5-0.5b",
+            TrainingMode::Full,
+            2,
+            8,
+            Precision::Fp32,
+            Checkpointing::Full,
+            2048,
         ),
         // TRL README, SFT with LoRA.
         (
@@ -46,14 +61,26 @@ fn transformers_and_trl_command_lines_as_documented() {
              --learning_rate 2.0e-4 --num_train_epochs 1 --packing --per_device_train_batch_size 2 \
              --gradient_accumulation_steps 8 --gradient_checkpointing --eval_strategy steps --eval_steps 100 \
              --use_peft --lora_r 32 --lora_alpha 16 --output_dir Qwen2-0.5B-SFT --push_to_hub",
-            "qwen2.5-0.5b", TrainingMode::Lora, 2, 8, Precision::Fp32, Checkpointing::Full, 2048,
+            "qwen2.5-0.5b",
+            TrainingMode::Lora,
+            2,
+            8,
+            Precision::Fp32,
+            Checkpointing::Full,
+            2048,
         ),
         // Transformers' language-modeling example, on 8 GPUs.
         (
             "torchrun --nproc_per_node 8 run_clm.py --model_name_or_path openai-community/gpt2 \
              --dataset_name wikitext --dataset_config_name wikitext-2-raw-v1 --per_device_train_batch_size 8 \
              --per_device_eval_batch_size 8 --do_train --do_eval --output_dir /tmp/test-clm",
-            "gpt2", TrainingMode::Full, 8, 1, Precision::Fp32, Checkpointing::None, 2048,
+            "gpt2",
+            TrainingMode::Full,
+            8,
+            1,
+            Precision::Fp32,
+            Checkpointing::None,
+            2048,
         ),
         // accelerate with bf16, TRL's CLI spelling of booleans, a max sequence length.
         (
@@ -61,12 +88,24 @@ fn transformers_and_trl_command_lines_as_documented() {
              --model_name_or_path meta-llama/Llama-3.1-8B-Instruct --per_device_train_batch_size=4 \
              --gradient_accumulation_steps 8 --gradient_checkpointing True --max_seq_length 4096 \
              --use_peft --load_in_4bit --optim paged_adamw_8bit --attn_implementation flash_attention_2",
-            "llama-3.1-8b", TrainingMode::Qlora, 4, 8, Precision::Bf16Mixed, Checkpointing::Full, 4096,
+            "llama-3.1-8b",
+            TrainingMode::Qlora,
+            4,
+            8,
+            Precision::Bf16Mixed,
+            Checkpointing::Full,
+            4096,
         ),
         // TrainingArguments' defaults: micro-batch 8, fp32.
         (
             "trl sft --model_name_or_path meta-llama/Llama-3.2-1B --bf16 --output_dir out",
-            "llama-3.2-1b", TrainingMode::Full, 8, 1, Precision::Bf16Mixed, Checkpointing::None, 2048,
+            "llama-3.2-1b",
+            TrainingMode::Full,
+            8,
+            1,
+            Precision::Bf16Mixed,
+            Checkpointing::None,
+            2048,
         ),
     ];
     for (cmd, preset, mode, micro, accum, precision, ckpt, seq) in rows {
@@ -87,10 +126,16 @@ fn transformers_and_trl_command_lines_as_documented() {
     let q = found(rows[3].0);
     assert_eq!(q.training.optimizer, Optimizer::PagedAdamw8bit);
     assert_eq!(q.launcher_world, Some(4));
-    assert_eq!(from(&q, "training.microBatchSize"), "--per_device_train_batch_size 4");
+    assert_eq!(
+        from(&q, "training.microBatchSize"),
+        "--per_device_train_batch_size 4"
+    );
     assert!(from(&q, "training.precision").contains("--mixed_precision bf16"));
     let d = found(rows[4].0);
-    assert_eq!(from(&d, "training.microBatchSize"), "8, TrainingArguments' default");
+    assert_eq!(
+        from(&d, "training.microBatchSize"),
+        "8, TrainingArguments' default"
+    );
     assert_eq!(found(rows[2].0).launcher_world, Some(8));
 }
 
@@ -99,21 +144,45 @@ fn torchtune_command_lines_as_documented() {
     let rows: &[Row] = &[
         (
             "tune run lora_finetune_single_device --config llama3_1/8B_lora_single_device",
-            "llama-3.1-8b", TrainingMode::Lora, 2, 1, Precision::Bf16, Checkpointing::Full, 2048,
+            "llama-3.1-8b",
+            TrainingMode::Lora,
+            2,
+            1,
+            Precision::Bf16,
+            Checkpointing::Full,
+            2048,
         ),
         (
             "tune run --nproc_per_node 4 full_finetune_distributed --config llama3_1/8B_full",
-            "llama-3.1-8b", TrainingMode::Full, 2, 1, Precision::Bf16, Checkpointing::Full, 2048,
+            "llama-3.1-8b",
+            TrainingMode::Full,
+            2,
+            1,
+            Precision::Bf16,
+            Checkpointing::Full,
+            2048,
         ),
         (
             "tune run lora_finetune_single_device --config llama3_1/8B_qlora_single_device",
-            "llama-3.1-8b", TrainingMode::Qlora, 2, 1, Precision::Bf16, Checkpointing::Full, 2048,
+            "llama-3.1-8b",
+            TrainingMode::Qlora,
+            2,
+            1,
+            Precision::Bf16,
+            Checkpointing::Full,
+            2048,
         ),
         (
             "tune run lora_finetune_single_device --config llama3_2/1B_lora_single_device \
              batch_size=8 gradient_accumulation_steps=4 enable_activation_checkpointing=False \
              tokenizer.max_seq_len=1024 model.lora_rank=16 checkpointer.checkpoint_dir=/ckpt",
-            "llama-3.2-1b", TrainingMode::Lora, 8, 4, Precision::Bf16, Checkpointing::None, 1024,
+            "llama-3.2-1b",
+            TrainingMode::Lora,
+            8,
+            4,
+            Precision::Bf16,
+            Checkpointing::None,
+            1024,
         ),
     ];
     for (cmd, preset, mode, micro, accum, precision, ckpt, seq) in rows {
@@ -133,7 +202,10 @@ fn torchtune_command_lines_as_documented() {
     let o = found(rows[3].0);
     assert_eq!(o.training.lora.as_ref().unwrap().rank, 16);
     assert_eq!(from(&o, "training.microBatchSize"), "batch_size=8");
-    assert_eq!(from(&found(rows[0].0), "training.microBatchSize"), "2, torchtune's configs");
+    assert_eq!(
+        from(&found(rows[0].0), "training.microBatchSize"),
+        "2, torchtune's configs"
+    );
 }
 
 #[test]
@@ -141,20 +213,44 @@ fn litgpt_command_lines_as_documented() {
     let rows: &[Row] = &[
         (
             "litgpt finetune_lora microsoft/phi-2",
-            "phi-2", TrainingMode::Lora, 1, 0, Precision::Bf16Mixed, Checkpointing::None, 2048,
+            "phi-2",
+            TrainingMode::Lora,
+            1,
+            0,
+            Precision::Bf16Mixed,
+            Checkpointing::None,
+            2048,
         ),
         (
             "litgpt finetune_lora stabilityai/stablelm-base-alpha-3b --quantize bnb.nf4 --precision bf16-true",
-            "stablelm-base-alpha-3b", TrainingMode::Qlora, 1, 0, Precision::Bf16, Checkpointing::None, 2048,
+            "stablelm-base-alpha-3b",
+            TrainingMode::Qlora,
+            1,
+            0,
+            Precision::Bf16,
+            Checkpointing::None,
+            2048,
         ),
         (
             "litgpt finetune_full meta-llama/Meta-Llama-3.1-8B-Instruct --devices 4 \
              --train.micro_batch_size 2 --train.global_batch_size 64 --train.max_seq_length 512",
-            "llama-3.1-8b", TrainingMode::Full, 2, 8, Precision::Bf16Mixed, Checkpointing::None, 512,
+            "llama-3.1-8b",
+            TrainingMode::Full,
+            2,
+            8,
+            Precision::Bf16Mixed,
+            Checkpointing::None,
+            512,
         ),
         (
             "litgpt finetune lora checkpoints/meta-llama/Llama-3.2-1B --train.micro_batch_size=4 --lora_r 16",
-            "llama-3.2-1b", TrainingMode::Lora, 4, 0, Precision::Bf16Mixed, Checkpointing::None, 2048,
+            "llama-3.2-1b",
+            TrainingMode::Lora,
+            4,
+            0,
+            Precision::Bf16Mixed,
+            Checkpointing::None,
+            2048,
         ),
     ];
     for (cmd, preset, mode, micro, accum, precision, ckpt, seq) in rows {
@@ -175,12 +271,30 @@ fn litgpt_command_lines_as_documented() {
 #[test]
 fn commands_that_say_too_little_say_why() {
     let rows = [
-        ("python sft.py --model_name_or_path my-org/private-model", "not a model in vramguard's catalog"),
-        ("python sft.py --model_name_or_path gpt2 --per_device_train_batch_size $BS", "variable"),
-        ("python sft.py --model_name_or_path gpt2 --optim lion_32bit", "--optim lion_32bit"),
-        ("accelerate launch --use_deepspeed train.py --model_name_or_path gpt2", "--deepspeed"),
-        ("tune run lora_finetune_single_device --config ./my_config.yaml", "my_config.yaml"),
-        ("tune run lora_finetune_single_device --config llama3_1/8B_lora batch_size=big", "batch_size= big"),
+        (
+            "python sft.py --model_name_or_path my-org/private-model",
+            "not a model in vramguard's catalog",
+        ),
+        (
+            "python sft.py --model_name_or_path gpt2 --per_device_train_batch_size $BS",
+            "variable",
+        ),
+        (
+            "python sft.py --model_name_or_path gpt2 --optim lion_32bit",
+            "--optim lion_32bit",
+        ),
+        (
+            "accelerate launch --use_deepspeed train.py --model_name_or_path gpt2",
+            "--deepspeed",
+        ),
+        (
+            "tune run lora_finetune_single_device --config ./my_config.yaml",
+            "my_config.yaml",
+        ),
+        (
+            "tune run lora_finetune_single_device --config llama3_1/8B_lora batch_size=big",
+            "batch_size= big",
+        ),
         ("litgpt finetune_lora some/unknown-model", "not a model"),
     ];
     for (cmd, says) in rows {
@@ -255,7 +369,10 @@ fn every_kind_gives_its_pods_and_gpus() {
         ]},
     });
     let j = judged(Kind::JobSet, &jobset);
-    assert_eq!(j.job.spec.parallelism.gpus, 16, "2 replicas x 2 pods x 4 GPUs");
+    assert_eq!(
+        j.job.spec.parallelism.gpus, 16,
+        "2 replicas x 2 pods x 4 GPUs"
+    );
     assert_eq!(j.products, ["NVIDIA-A100-SXM4-80GB"]);
     assert_eq!(j.origin, Origin::Command(Trainer::Torchtune));
 
@@ -271,7 +388,9 @@ fn every_kind_gives_its_pods_and_gpus() {
     assert_eq!(j.job.spec.parallelism.gpus, 4);
     assert_eq!(j.origin, Origin::Command(Trainer::LitGpt));
     assert!(
-        j.sources.iter().any(|s| s.from.contains("says 2 processes")),
+        j.sources
+            .iter()
+            .any(|s| s.from.contains("says 2 processes")),
         "{:?}",
         j.sources
     );
@@ -345,11 +464,18 @@ fn the_annotation_wins_over_the_command_and_is_validated_as_a_training_job() {
             "model: {preset: llama-3.1-8b}\nparallelism: {gpus: 4}\n",
             "metadata.annotations[vramguard.io/training].parallelism.gpus",
         ),
-        ("model: [unclosed\n", "metadata.annotations[vramguard.io/training]"),
-        ("just a string", "metadata.annotations[vramguard.io/training]"),
+        (
+            "model: [unclosed\n",
+            "metadata.annotations[vramguard.io/training]",
+        ),
+        (
+            "just a string",
+            "metadata.annotations[vramguard.io/training]",
+        ),
     ];
     for (text, path) in rows {
-        let Reading::Invalid(errs) = read(Kind::Job, &job(json!({TRAINING_ANNOTATION: text}))) else {
+        let Reading::Invalid(errs) = read(Kind::Job, &job(json!({TRAINING_ANNOTATION: text})))
+        else {
             panic!("{text}")
         };
         assert!(errs.iter().any(|e| e.path == path), "{text}: {errs:?}");
@@ -357,12 +483,16 @@ fn the_annotation_wins_over_the_command_and_is_validated_as_a_training_job() {
     // The same spec as a TrainingJob gets the same reason.
     let Reading::Invalid(errs) = read(
         Kind::Job,
-        &job(json!({TRAINING_ANNOTATION: "model: {preset: llama-3.1-8b}\ntraining: {microBatchSize: 0}\n"})),
+        &job(
+            json!({TRAINING_ANNOTATION: "model: {preset: llama-3.1-8b}\ntraining: {microBatchSize: 0}\n"}),
+        ),
     ) else {
         panic!()
     };
-    let tj = parse::training_job(json!({"apiVersion": parse::API_VERSION, "kind": "TrainingJob",
-        "spec": {"model": {"preset": "llama-3.1-8b"}, "training": {"microBatchSize": 0}}}));
+    let tj = parse::training_job(
+        json!({"apiVersion": parse::API_VERSION, "kind": "TrainingJob",
+        "spec": {"model": {"preset": "llama-3.1-8b"}, "training": {"microBatchSize": 0}}}),
+    );
     let Err(parse::ParseError::Fields(tj_errs)) = tj else {
         panic!()
     };

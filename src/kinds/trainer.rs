@@ -101,10 +101,7 @@ pub fn catalog_model(written: &str) -> Option<&'static str> {
         }
     }
     tries.extend(more);
-    tries
-        .iter()
-        .find_map(|t| presets::find(t))
-        .map(|p| p.name)
+    tries.iter().find_map(|t| presets::find(t)).map(|p| p.name)
 }
 
 /// Read one simple command.
@@ -132,7 +129,10 @@ pub fn parse(words: &[String]) -> Parsed {
             while j < w.len() && matches!(w[j].as_str(), "-u" | "-O" | "-B") {
                 j += 1;
             }
-            match (w.get(j).map(String::as_str), w.get(j + 1).map(String::as_str)) {
+            match (
+                w.get(j).map(String::as_str),
+                w.get(j + 1).map(String::as_str),
+            ) {
                 (Some("-m"), Some("torch.distributed.run" | "torch.distributed.launch")) => {
                     launched(&w[j + 2..], Launcher::Torchrun)
                 }
@@ -144,7 +144,12 @@ pub fn parse(words: &[String]) -> Parsed {
                 _ => Parsed::NotTrainer,
             }
         }
-        "trl" if matches!(w.get(1).map(String::as_str), Some("sft" | "dpo" | "kto" | "orpo")) => {
+        "trl"
+            if matches!(
+                w.get(1).map(String::as_str),
+                Some("sft" | "dpo" | "kto" | "orpo")
+            ) =>
+        {
             hf_script(&w[2..], &Launch::default())
         }
         "tune" if w.get(1).map(String::as_str) == Some("run") => torchtune(&w[2..]),
@@ -282,16 +287,13 @@ fn truthy(opts: &BTreeMap<String, Option<String>>, key: &str) -> Result<bool, St
 }
 
 fn number(flag: &str, v: &str) -> Result<u64, String> {
-    v.parse::<u64>()
-        .ok()
-        .filter(|n| *n >= 1)
-        .ok_or_else(|| {
-            if v.contains('$') {
-                format!("{flag} {v}: set from a variable vramguard cannot see")
-            } else {
-                format!("{flag} {v}: not a whole number of at least 1")
-            }
-        })
+    v.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+        if v.contains('$') {
+            format!("{flag} {v}: set from a variable vramguard cannot see")
+        } else {
+            format!("{flag} {v}: not a whole number of at least 1")
+        }
+    })
 }
 
 fn src(field: &str, from: impl Into<String>) -> Source {
@@ -304,8 +306,12 @@ fn src(field: &str, from: impl Into<String>) -> Source {
 /// Transformers' `--optim` names.
 fn hf_optimizer(v: &str) -> Option<Optimizer> {
     Some(match v {
-        "adamw_torch" | "adamw_torch_fused" | "adamw_hf" | "adamw_apex_fused"
-        | "adamw_torch_xla" | "adamw_torch_npu_fused" => Optimizer::Adamw,
+        "adamw_torch"
+        | "adamw_torch_fused"
+        | "adamw_hf"
+        | "adamw_apex_fused"
+        | "adamw_torch_xla"
+        | "adamw_torch_npu_fused" => Optimizer::Adamw,
         "adafactor" => Optimizer::Adafactor,
         "adamw_bnb_8bit" | "adamw_8bit" | "adamw_torch_8bit" => Optimizer::Adamw8bit,
         "paged_adamw_8bit" => Optimizer::PagedAdamw8bit,
@@ -342,7 +348,10 @@ fn hf(
         format!("--model_name_or_path {model}: not a model in vramguard's catalog")
     })?;
     if launch.deepspeed || o.contains_key("deepspeed") {
-        return Err("--deepspeed: the ZeRO stage is in the DeepSpeed config file, not on the command line".to_string());
+        return Err(
+            "--deepspeed: the ZeRO stage is in the DeepSpeed config file, not on the command line"
+                .to_string(),
+        );
     }
     let mut sources = vec![src(
         "model.preset",
@@ -352,16 +361,25 @@ fn hf(
         stack: Some(Stack::HfTrainer),
         ..TrainingSpec::default()
     };
-    sources.push(src("training.stack", "Transformers' Trainer (the script's flags)"));
+    sources.push(src(
+        "training.stack",
+        "Transformers' Trainer (the script's flags)",
+    ));
     let value = |k: &str| o.get(k).and_then(|v| v.as_deref());
     t.micro_batch_size = match value("per_device_train_batch_size") {
         Some(v) => {
             let n = number("--per_device_train_batch_size", v)?;
-            sources.push(src("training.microBatchSize", format!("--per_device_train_batch_size {n}")));
+            sources.push(src(
+                "training.microBatchSize",
+                format!("--per_device_train_batch_size {n}"),
+            ));
             n
         }
         None => {
-            sources.push(src("training.microBatchSize", "8, TrainingArguments' default"));
+            sources.push(src(
+                "training.microBatchSize",
+                "8, TrainingArguments' default",
+            ));
             8
         }
     };
@@ -387,11 +405,17 @@ fn hf(
     } else {
         match launch.mixed_precision.as_deref() {
             Some("bf16") => {
-                sources.push(src("training.precision", "bf16-mixed, accelerate --mixed_precision bf16"));
+                sources.push(src(
+                    "training.precision",
+                    "bf16-mixed, accelerate --mixed_precision bf16",
+                ));
                 Precision::Bf16Mixed
             }
             Some("fp16") => {
-                sources.push(src("training.precision", "fp16-mixed, accelerate --mixed_precision fp16"));
+                sources.push(src(
+                    "training.precision",
+                    "fp16-mixed, accelerate --mixed_precision fp16",
+                ));
                 Precision::Fp16Mixed
             }
             _ => {
@@ -405,7 +429,10 @@ fn hf(
     };
     if truthy(o, "gradient_checkpointing")? {
         t.gradient_checkpointing = Checkpointing::Full;
-        sources.push(src("training.gradientCheckpointing", "full, --gradient_checkpointing"));
+        sources.push(src(
+            "training.gradientCheckpointing",
+            "full, --gradient_checkpointing",
+        ));
     }
     if let Some(v) = value("max_seq_length")
         .map(|v| ("--max_seq_length", v))
@@ -417,13 +444,15 @@ fn hf(
     } else {
         sources.push(src(
             "training.sequenceLength",
-            format!("{}: not on the command line (vramguard's default)", t.sequence_length),
+            format!(
+                "{}: not on the command line (vramguard's default)",
+                t.sequence_length
+            ),
         ));
     }
     if let Some(v) = value("optim") {
-        t.optimizer = hf_optimizer(v).ok_or_else(|| {
-            format!("--optim {v}: an optimizer vramguard does not model")
-        })?;
+        t.optimizer = hf_optimizer(v)
+            .ok_or_else(|| format!("--optim {v}: an optimizer vramguard does not model"))?;
         sources.push(src("training.optimizer", format!("--optim {v}")));
     }
     if let Some(v) = value("attn_implementation") {
@@ -431,9 +460,16 @@ fn hf(
             "flash_attention_2" | "flash_attention_3" => Attention::Flash,
             "sdpa" => Attention::Sdpa,
             "eager" => Attention::Eager,
-            _ => return Err(format!("--attn_implementation {v}: not eager, sdpa or flash_attention_2")),
+            _ => {
+                return Err(format!(
+                    "--attn_implementation {v}: not eager, sdpa or flash_attention_2"
+                ));
+            }
         };
-        sources.push(src("training.attention", format!("--attn_implementation {v}")));
+        sources.push(src(
+            "training.attention",
+            format!("--attn_implementation {v}"),
+        ));
     }
     let four_bit = truthy(o, "load_in_4bit")?;
     if truthy(o, "use_peft")? || four_bit {
@@ -468,8 +504,16 @@ fn hf(
             "training.lora",
             format!(
                 "rank {rank} ({}), alpha {alpha} ({})",
-                if value("lora_r").is_some() { "--lora_r" } else { "TRL's default" },
-                if value("lora_alpha").is_some() { "--lora_alpha" } else { "TRL's default" }
+                if value("lora_r").is_some() {
+                    "--lora_r"
+                } else {
+                    "TRL's default"
+                },
+                if value("lora_alpha").is_some() {
+                    "--lora_alpha"
+                } else {
+                    "TRL's default"
+                }
             ),
         ));
     }
@@ -483,7 +527,11 @@ fn hf(
     if strategy == Strategy::Fsdp {
         sources.push(src(
             "parallelism.strategy",
-            if launch.fsdp { "fsdp, accelerate --use_fsdp" } else { "fsdp, --fsdp" },
+            if launch.fsdp {
+                "fsdp, accelerate --use_fsdp"
+            } else {
+                "fsdp, --fsdp"
+            },
         ));
     }
     Ok(FromCommand {
@@ -565,9 +613,9 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
             "--config {config}: a config file of the job's own, which vramguard cannot read"
         ));
     }
-    let (dir, file) = config
-        .split_once('/')
-        .ok_or_else(|| format!("--config {config}: not one of torchtune's <model>/<config> names"))?;
+    let (dir, file) = config.split_once('/').ok_or_else(|| {
+        format!("--config {config}: not one of torchtune's <model>/<config> names")
+    })?;
     let (size, method) = file
         .split_once('_')
         .ok_or_else(|| format!("--config {config}: not <size>_<method>"))?;
@@ -576,13 +624,21 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
         .find(|(d, _)| *d == dir)
         .and_then(|(_, prefix)| presets::find(&format!("{prefix}{}", size.to_ascii_lowercase())))
         .map(|p| p.name)
-        .ok_or_else(|| format!("--config {config}: {dir} {size} is not a model in vramguard's catalog"))?;
-    let mut sources = vec![src("model.preset", format!("--config {config} (catalog {preset})"))];
+        .ok_or_else(|| {
+            format!("--config {config}: {dir} {size} is not a model in vramguard's catalog")
+        })?;
+    let mut sources = vec![src(
+        "model.preset",
+        format!("--config {config} (catalog {preset})"),
+    )];
     let mut t = TrainingSpec {
         stack: Some(Stack::Torchtune),
         ..TrainingSpec::default()
     };
-    sources.push(src("training.stack", format!("torchtune (tune run {recipe})")));
+    sources.push(src(
+        "training.stack",
+        format!("torchtune (tune run {recipe})"),
+    ));
     t.mode = if method.starts_with("qlora") {
         TrainingMode::Qlora
     } else if method.starts_with("lora") || method.starts_with("dora") {
@@ -590,9 +646,14 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
     } else if method.starts_with("full") {
         TrainingMode::Full
     } else {
-        return Err(format!("--config {config}: {method} is not a full, lora or qlora config"));
+        return Err(format!(
+            "--config {config}: {method} is not a full, lora or qlora config"
+        ));
     };
-    sources.push(src("training.mode", format!("{method} in --config {config}")));
+    sources.push(src(
+        "training.mode",
+        format!("{method} in --config {config}"),
+    ));
     // What torchtune's shipped configs set (batch_size 2, bf16 weights and
     // optimizer, activation checkpointing on), unless overridden.
     let get = |k: &str| overrides.get(k).map(String::as_str);
@@ -653,19 +714,31 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
     ));
     if let Some(v) = get("enable_activation_offloading") {
         t.activation_offloading = bool_of("enable_activation_offloading", v)?;
-        sources.push(src("training.activationOffloading", format!("enable_activation_offloading={v}")));
+        sources.push(src(
+            "training.activationOffloading",
+            format!("enable_activation_offloading={v}"),
+        ));
     }
     if let Some(v) = get("optimizer_in_bwd") {
         t.optimizer_in_backward = bool_of("optimizer_in_bwd", v)?;
-        sources.push(src("training.optimizerInBackward", format!("optimizer_in_bwd={v}")));
+        sources.push(src(
+            "training.optimizerInBackward",
+            format!("optimizer_in_bwd={v}"),
+        ));
     }
     if let Some(v) = get("tokenizer.max_seq_len") {
         t.sequence_length = number("tokenizer.max_seq_len=", v)?;
-        sources.push(src("training.sequenceLength", format!("tokenizer.max_seq_len={v}")));
+        sources.push(src(
+            "training.sequenceLength",
+            format!("tokenizer.max_seq_len={v}"),
+        ));
     } else {
         sources.push(src(
             "training.sequenceLength",
-            format!("{}: the config leaves it to the data (vramguard's default)", t.sequence_length),
+            format!(
+                "{}: the config leaves it to the data (vramguard's default)",
+                t.sequence_length
+            ),
         ));
     }
     if let Some(v) = get("optimizer._component_") {
@@ -675,9 +748,16 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
             "PagedAdamW8bit" => Optimizer::PagedAdamw8bit,
             "PagedAdamW" => Optimizer::PagedAdamw,
             "SGD" => Optimizer::SgdMomentum,
-            _ => return Err(format!("optimizer._component_={v}: an optimizer vramguard does not model")),
+            _ => {
+                return Err(format!(
+                    "optimizer._component_={v}: an optimizer vramguard does not model"
+                ));
+            }
         };
-        sources.push(src("training.optimizer", format!("optimizer._component_={v}")));
+        sources.push(src(
+            "training.optimizer",
+            format!("optimizer._component_={v}"),
+        ));
     }
     if matches!(t.mode, TrainingMode::Lora | TrainingMode::Qlora) {
         let mut lora = LoraSpec::default();
@@ -689,7 +769,10 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
         }
         sources.push(src(
             "training.lora",
-            format!("rank {}, alpha {} (model.lora_rank/model.lora_alpha, else vramguard's default)", lora.rank, lora.alpha),
+            format!(
+                "rank {}, alpha {} (model.lora_rank/model.lora_alpha, else vramguard's default)",
+                lora.rank, lora.alpha
+            ),
         ));
         t.lora = Some(lora);
     }
@@ -697,15 +780,27 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
     let world = launcher
         .get("nproc_per_node")
         .and_then(|v| v.parse::<u64>().ok())
-        .map(|n| n * launcher.get("nnodes").and_then(|v| v.parse().ok()).unwrap_or(1));
+        .map(|n| {
+            n * launcher
+                .get("nnodes")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+        });
     if distributed {
-        sources.push(src("parallelism.strategy", format!("fsdp, full sharding ({recipe})")));
+        sources.push(src(
+            "parallelism.strategy",
+            format!("fsdp, full sharding ({recipe})"),
+        ));
     }
     Ok(FromCommand {
         trainer: Trainer::Torchtune,
         preset,
         training: t,
-        strategy: if distributed { Strategy::Fsdp } else { Strategy::Ddp },
+        strategy: if distributed {
+            Strategy::Fsdp
+        } else {
+            Strategy::Ddp
+        },
         sharding: distributed.then_some(Sharding::FullShard),
         accumulation,
         launcher_world: world,
@@ -764,7 +859,10 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         stack: Some(Stack::Litgpt),
         ..TrainingSpec::default()
     };
-    sources.push(src("training.stack", format!("LitGPT (litgpt finetune_{mode_word})")));
+    sources.push(src(
+        "training.stack",
+        format!("LitGPT (litgpt finetune_{mode_word})"),
+    ));
     t.mode = match mode_word {
         "lora" => TrainingMode::Lora,
         "full" => TrainingMode::Full,
@@ -776,7 +874,11 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
             "bnb.nf4" => Quantization::Nf4,
             "bnb.nf4-dq" => Quantization::Nf4Double,
             "bnb.int8" => Quantization::Int8,
-            _ => return Err(format!("--quantize {q}: not bnb.nf4, bnb.nf4-dq or bnb.int8")),
+            _ => {
+                return Err(format!(
+                    "--quantize {q}: not bnb.nf4, bnb.nf4-dq or bnb.int8"
+                ));
+            }
         });
         if t.mode == TrainingMode::Lora && q.starts_with("bnb.nf4") {
             t.mode = TrainingMode::Qlora;
@@ -791,7 +893,11 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         Some("16-true") => Precision::Fp16,
         Some("16-mixed") => Precision::Fp16Mixed,
         Some("32-true") => Precision::Fp32,
-        Some(p) => return Err(format!("--precision {p}: not bf16-true, bf16-mixed, 16-true, 16-mixed or 32-true")),
+        Some(p) => {
+            return Err(format!(
+                "--precision {p}: not bf16-true, bf16-mixed, 16-true, 16-mixed or 32-true"
+            ));
+        }
     };
     sources.push(src(
         "training.precision",
@@ -802,7 +908,10 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
     ));
     if let Some(v) = opts.get("train.micro_batch_size") {
         t.micro_batch_size = number("--train.micro_batch_size", v)?;
-        sources.push(src("training.microBatchSize", format!("--train.micro_batch_size {v}")));
+        sources.push(src(
+            "training.microBatchSize",
+            format!("--train.micro_batch_size {v}"),
+        ));
     } else {
         sources.push(src("training.microBatchSize", "1, LitGPT's default"));
     }
@@ -815,11 +924,17 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         .or(opts.get("data.max_seq_length"))
     {
         t.sequence_length = number("--train.max_seq_length", v)?;
-        sources.push(src("training.sequenceLength", format!("--train.max_seq_length {v}")));
+        sources.push(src(
+            "training.sequenceLength",
+            format!("--train.max_seq_length {v}"),
+        ));
     } else {
         sources.push(src(
             "training.sequenceLength",
-            format!("{}: not on the command line (vramguard's default)", t.sequence_length),
+            format!(
+                "{}: not on the command line (vramguard's default)",
+                t.sequence_length
+            ),
         ));
     }
     if matches!(t.mode, TrainingMode::Lora | TrainingMode::Qlora) {
@@ -832,7 +947,10 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         }
         sources.push(src(
             "training.lora",
-            format!("rank {}, alpha {} (--lora_r/--lora_alpha, else vramguard's default)", lora.rank, lora.alpha),
+            format!(
+                "rank {}, alpha {} (--lora_r/--lora_alpha, else vramguard's default)",
+                lora.rank, lora.alpha
+            ),
         ));
         t.lora = Some(lora);
     }

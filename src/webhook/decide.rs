@@ -276,6 +276,16 @@ fn invalid(error: String) -> Judgement {
     }
 }
 
+/// [`judge`] for the other kinds' door (`workload.rs`).
+pub(super) fn judge_valid(
+    job: &ValidatedJob,
+    tolerations: &[String],
+    snapshot: &Snapshot,
+    now: Timestamp,
+) -> Judgement {
+    judge(job, tolerations, snapshot, now)
+}
+
 /// Judge a valid job against `snapshot` at `now`, by the rule the operator
 /// places by ([`crate::decide::choose`], with no reservations: the webhook
 /// knows only what the agents published), so that the plan a warning promises
