@@ -323,6 +323,18 @@ async fn each_kind_is_judged_and_advice_is_in_its_own_knobs() {
     );
     assert_eq!(r["status"]["reason"], "Invalid");
 
+    // The reviews in examples/admission/, as the API server sends them.
+    for (file, allowed) in [
+        ("create-pytorchjob-fits.json", true),
+        ("create-job-does-not-fit-as-written.json", false),
+    ] {
+        let body = std::fs::read(repo("examples/admission").join(file)).unwrap();
+        let (status, answer) = request(&server, "POST", "/validate", body).await;
+        assert_eq!(status, 200);
+        let v: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["response"]["allowed"], allowed, "{file}: {v}");
+    }
+
     stop(server).await;
 }
 
