@@ -358,6 +358,11 @@ async fn warn_and_audit_allow_and_audit_counts_by_namespace() {
 
     let deny = judged(&server, "/validate/deny", &job).await;
     assert_eq!(deny["allowed"], false, "{deny}");
+    // The same decision (cached after the first), enforced by each path.
+    assert!(
+        warnings(&warn).join(" ").contains(&message(&deny)[..60]),
+        "{warn}\n{deny}"
+    );
 
     let audit = judged(&server, "/validate/audit", &job).await;
     assert_eq!(audit["allowed"], true, "{audit}");

@@ -24,7 +24,7 @@ pub const MAX_MESSAGE: usize = 1024;
 pub const MAX_WARNING: usize = 120;
 
 /// The answer to one review plus the bounded labels it is counted under.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Decision {
     pub allowed: bool,
     /// The response's `status`: empty when allowed; code, message and reason when denied.

@@ -58,6 +58,9 @@ pub struct AppState {
     pub metrics: Metrics,
     pub registry: Registry,
     pub decisions: Cache<Judgement>,
+    /// The decisions on Jobs, JobSets, TrainJobs and PyTorchJobs already
+    /// judged, before enforcement, keyed as `decisions` is.
+    pub workload_decisions: Cache<decide::Decision>,
     /// Reviews answered, for the summary the log gets at info.
     pub totals: Totals,
     /// What `/validate` does with its verdict on a Job, JobSet, TrainJob or
@@ -89,6 +92,7 @@ impl AppState {
             metrics,
             registry,
             decisions: Cache::new(capacity),
+            workload_decisions: Cache::new(capacity),
             totals: Totals::default(),
             enforcement: Enforcement::default(),
         }
@@ -473,7 +477,39 @@ fn answer_workload(
     let judged = match (&request.operation, &request.object) {
         (kube::core::admission::Operation::Create, Some(obj)) => {
             let snapshot = state.inventory.snapshot();
-            let d = workload::judge(kind, obj, &snapshot, Timestamp::now());
+            let now = Timestamp::now();
+            let second = snapshot.as_of_unix.unwrap_or(now.as_second());
+            // The decision depends on the kind, the name (in its message), the
+            // annotations, the owner and the spec; the inventory; the second.
+            let cache = &state.workload_decisions;
+            let key = if cache.enabled() {
+                let meta = obj.get("metadata");
+                let part = |k: &str| meta.and_then(|m| m.get(k));
+                serde_json::to_vec(&(
+                    kind.name(),
+                    part("name"),
+                    part("annotations"),
+                    part("ownerReferences"),
+                    obj.get("spec"),
+                ))
+                .ok()
+            } else {
+                None
+            };
+            let hit = key.as_ref().and_then(|k| cache.get(&snapshot, second, k));
+            let d = match hit {
+                Some(d) => {
+                    state.totals.cached.fetch_add(1, Ordering::Relaxed);
+                    (*d).clone()
+                }
+                None => {
+                    let d = workload::judge(kind, obj, &snapshot, now);
+                    if let Some(k) = key {
+                        cache.insert(&snapshot, second, k, Arc::new(d.clone()));
+                    }
+                    d
+                }
+            };
             state
                 .metrics
                 .workload_verdict(enforcement, d.verdict, d.reason, &namespace);
