@@ -19,7 +19,7 @@
 //!     cargo bench --bench webhook_load
 //!
 //! Environment: VRAMGUARD_LOAD_SECS (default 5, per measurement), VRAMGUARD_LOAD_CONNECTIONS
-//! (default 16), VRAMGUARD_LOAD_REVIEW (one review file instead of the four kinds).
+//! (default 16), VRAMGUARD_LOAD_REVIEW (one review file instead of the six kinds).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -324,6 +324,11 @@ fn reviews(root: &Path) -> Vec<(String, PathBuf)> {
         ("fits after a change", "create-fits-after-change.json"),
         ("does not fit", "create-does-not-fit.json"),
         ("invalid", "create-invalid.json"),
+        ("PyTorchJob, fits as written", "create-pytorchjob-fits.json"),
+        (
+            "Job, denied: fits after a change",
+            "create-job-does-not-fit-as-written.json",
+        ),
     ]
     .into_iter()
     .map(|(what, file)| {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod decide;
 pub mod estimate;
 pub mod inventory;
+pub mod kinds;
 pub mod metrics;
 pub mod operator;
 pub mod plan;

@@ -610,3 +610,140 @@ fn serve_refuses_connection_bounds_out_of_range() {
         );
     }
 }
+
+fn example(name: &str) -> Vec<u8> {
+    std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(name),
+    )
+    .expect("the example exists")
+}
+
+/// Each kind, with and without the annotation, is estimated offline, with
+/// where each field came from.
+#[test]
+fn jobs_jobsets_trainjobs_and_pytorchjobs_are_estimated_offline() {
+    let rows = [
+        (
+            "job-trl-sft-llama-3.1-8b.yaml",
+            "Job",
+            "Transformers/TRL command line",
+            8,
+        ),
+        (
+            "job-annotated-llama-3.1-8b-lora.yaml",
+            "Job",
+            "vramguard.io/training annotation",
+            1,
+        ),
+        (
+            "jobset-torchtune-llama-3.1-8b-lora.yaml",
+            "JobSet",
+            "torchtune command line",
+            8,
+        ),
+        (
+            "jobset-annotated-qwen2.5-7b-full.yaml",
+            "JobSet",
+            "vramguard.io/training annotation",
+            16,
+        ),
+        (
+            "trainjob-litgpt-llama-3.2-1b-lora.yaml",
+            "TrainJob",
+            "LitGPT command line",
+            1,
+        ),
+        (
+            "trainjob-annotated-llama-3.1-70b-qlora.yaml",
+            "TrainJob",
+            "vramguard.io/training annotation",
+            1,
+        ),
+        (
+            "pytorchjob-run-clm-gpt2.yaml",
+            "PyTorchJob",
+            "Transformers/TRL command line",
+            4,
+        ),
+        (
+            "pytorchjob-annotated-mistral-7b-lora.yaml",
+            "PyTorchJob",
+            "vramguard.io/training annotation",
+            8,
+        ),
+    ];
+    for (file, kind, origin, gpus) in rows {
+        let run = estimate(&example(file), &["-o", "json"]);
+        assert!(run.code == 0 || run.code == 1, "{file}: {}", run.stderr);
+        let v = json(&run);
+        assert_eq!(v["readFrom"]["kind"], kind, "{file}");
+        assert!(
+            v["readFrom"]["origin"].as_str().unwrap().contains(origin),
+            "{file}: {v}"
+        );
+        assert!(u64_at(&v, "/estimate/perGpuBytes") > 0, "{file}");
+        let sources = v["readFrom"]["sources"].as_array().unwrap();
+        let gpus_from = sources
+            .iter()
+            .find(|s| s["field"] == "parallelism.gpus")
+            .unwrap_or_else(|| panic!("{file}: {sources:?}"));
+        assert!(
+            gpus_from["from"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{gpus}: ")),
+            "{file}: {gpus_from}"
+        );
+    }
+    // The table names the knobs it read.
+    let run = estimate(&example("job-trl-sft-llama-3.1-8b.yaml"), &[]);
+    assert!(
+        run.stdout.contains("--per_device_train_batch_size 8"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("NVIDIA-H100-80GB-HBM3"),
+        "{}",
+        run.stdout
+    );
+    // The same job as a TrainingJob gets the same estimate as its Job.
+    let as_tj = job(
+        "same",
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, lora: {rank: 16, alpha: 32}, microBatchSize: 4, sequenceLength: 2048, precision: bf16-mixed, gradientCheckpointing: full}\nparallelism: {gpus: 1, gpusPerNode: 1}",
+    );
+    let a = json(&estimate(as_tj.as_bytes(), &["-o", "json"]));
+    let b = json(&estimate(
+        &example("job-annotated-llama-3.1-8b-lora.yaml"),
+        &["-o", "json"],
+    ));
+    assert_eq!(a["estimate"], b["estimate"]);
+}
+
+#[test]
+fn a_job_not_judged_or_with_a_bad_annotation_exits_2_saying_why() {
+    let plain = b"apiVersion: batch/v1\nkind: Job\nmetadata: {name: plain}\nspec:\n  template:\n    spec:\n      containers:\n        - name: c\n          command: [python, train.py]\n          resources: {limits: {nvidia.com/gpu: 1}}\n";
+    let run = estimate(plain, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(run.stderr.contains("Job not judged"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("vramguard.io/training"),
+        "{}",
+        run.stderr
+    );
+
+    let bad = String::from_utf8(plain.to_vec()).unwrap().replace(
+        "metadata: {name: plain}",
+        "metadata:\n  name: plain\n  annotations:\n    vramguard.io/training: |\n      model: {preset: gpt2}\n      training: {precision: bf17}\n",
+    );
+    let run = estimate(bad.as_bytes(), &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(
+        run.stderr
+            .contains("metadata.annotations[vramguard.io/training].training.precision"),
+        "{}",
+        run.stderr
+    );
+}

@@ -13,6 +13,7 @@ use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
 use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
 use crate::decide::{self, Choice};
 use crate::estimate::{self, Estimate, GpuProduct, gpus};
+use crate::kinds;
 use crate::plan::{self, Advice, Binding, GpuView, PlaceOutcome, Plan, Verdict};
 
 /// Output formats of `estimate`.
@@ -26,7 +27,7 @@ pub enum OutputFormat {
 /// Arguments of `vramguard estimate`.
 #[derive(Debug, Clone, Args)]
 pub struct EstimateArgs {
-    /// TrainingJob YAML (one or several documents); `-` reads standard input.
+    /// TrainingJob YAML, or a batch/v1 Job, JobSet, TrainJob or PyTorchJob (one or several documents); `-` reads standard input.
     #[arg(
         short = 'f',
         long = "file",
@@ -148,8 +149,25 @@ pub struct JobReport {
     /// With `--cluster`, when it is placed only after changes: the plan it runs with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placed_with: Option<Plan>,
+    /// For a Job, JobSet, TrainJob or PyTorchJob: its kind, where the model
+    /// and recipe were read from, and where each field came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_from: Option<ReadFrom>,
     #[serde(skip)]
     pub job: Option<ValidatedJob>,
+}
+
+/// How a Job, JobSet, TrainJob or PyTorchJob was read.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadFrom {
+    pub kind: String,
+    /// `the vramguard.io/training annotation` or `the <trainer> command line`.
+    pub origin: String,
+    pub sources: Vec<kinds::Source>,
+    /// GPU products the pods are held to by a node selector or affinity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub products: Vec<String>,
 }
 
 /// Resolve the GPU names the user gave.
@@ -296,6 +314,7 @@ pub fn report(
         placed_with: None,
         verdicts,
         estimate: est.status,
+        read_from: None,
         job: Some(job.clone()),
     })
 }
@@ -417,16 +436,42 @@ pub fn reports_from_text(
             (Some(n), false) => n.clone(),
             (None, false) => "document".to_string(),
         };
-        let result = parse::training_job(doc)
-            .map_err(|e| e.to_string())
-            .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
-            .and_then(|job| report(&job, name.clone(), targets));
+        let result = match kinds::Kind::of_document(&doc) {
+            Some(kind) => other_kind(kind, &doc, name.clone(), targets),
+            None => parse::training_job(doc)
+                .map_err(|e| e.to_string())
+                .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
+                .and_then(|job| report(&job, name.clone(), targets)),
+        };
         out.push(result.map_err(|message| DocumentError {
             location: location.clone(),
             message,
         }));
     }
     Ok(out)
+}
+
+/// Read a Job, JobSet, TrainJob or PyTorchJob (`kinds`) and estimate it.
+fn other_kind(
+    kind: kinds::Kind,
+    doc: &serde_json::Value,
+    name: Option<String>,
+    targets: &[&'static GpuProduct],
+) -> Result<JobReport, String> {
+    match kinds::read(kind, doc) {
+        kinds::Reading::Judge(j) => {
+            let mut r = report(&j.validated, name, targets)?;
+            r.read_from = Some(ReadFrom {
+                kind: kind.name().to_string(),
+                origin: j.origin.describe(),
+                sources: j.sources.clone(),
+                products: j.products.clone(),
+            });
+            Ok(r)
+        }
+        kinds::Reading::NotJudged(why) => Err(format!("{} not judged: {why}", kind.name())),
+        kinds::Reading::Invalid(errs) => Err(api::validate::errors_to_string(&errs)),
+    }
 }
 
 fn read_input(args: &EstimateArgs, stdin: &mut dyn Read) -> Result<String, String> {

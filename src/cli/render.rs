@@ -18,6 +18,20 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
         }
         let title = r.name.as_deref().unwrap_or("job");
         writeln!(out, "{title}: {}", describe(r))?;
+        if let Some(f) = &r.read_from {
+            writeln!(out, "  {} read from {}:", f.kind, f.origin)?;
+            for s in &f.sources {
+                writeln!(out, "    {:<32}{}", s.field, s.from)?;
+            }
+            if !f.products.is_empty() {
+                writeln!(
+                    out,
+                    "    {:<32}{}",
+                    "GPU product (node selector)",
+                    f.products.join(", ")
+                )?;
+            }
+        }
         writeln!(out, "  {:<22}{:>8}", "component", "GiB")?;
         for (name, bytes) in breakdown_entries(&r.estimate.breakdown) {
             writeln!(out, "  {name:<22}{}", g(bytes))?;

@@ -66,6 +66,13 @@ pub struct ServeArgs {
     #[arg(long, env = "VRAMGUARD_MAX_CONNECTIONS", default_value_t = webhook::server::MAX_CONNECTIONS as u64,
           value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_connections: u64,
+    /// What `/validate` does with a Job, JobSet, TrainJob or PyTorchJob that
+    /// does not fit: Deny, Warn (allow with the verdict as warnings) or Audit
+    /// (allow silently, count the verdict). `/validate/deny`, `/validate/warn`
+    /// and `/validate/audit` say it per namespace.
+    #[arg(long, env = "VRAMGUARD_ENFORCEMENT", default_value = "Deny",
+          value_parser = |s: &str| s.parse::<webhook::Enforcement>())]
+    pub enforcement: webhook::Enforcement,
     /// Serve admission reviews only: do not run the operator (which runs
     /// whenever the inventory comes from the cluster).
     #[arg(long, env = "VRAMGUARD_NO_OPERATOR", default_value_t = false)]
@@ -120,6 +127,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_secs,
         idle_timeout_secs,
         max_connections,
+        enforcement,
         no_operator,
         lease_namespace,
         lease_name,
@@ -170,6 +178,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     // One registry for /metrics: the webhook's families, the operator's, the build.
     let mut state = AppState::new(source.clone());
+    state.enforcement = enforcement;
     crate::metrics::register_build_info(&mut state.registry);
     let operator_metrics = operator::OperatorMetrics::register(&mut state.registry);
     // The operator runs with a live inventory; a static file has no cluster to act on.

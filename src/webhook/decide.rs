@@ -24,7 +24,7 @@ pub const MAX_MESSAGE: usize = 1024;
 pub const MAX_WARNING: usize = 120;
 
 /// The answer to one review plus the bounded labels it is counted under.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Decision {
     pub allowed: bool,
     /// The response's `status`: empty when allowed; code, message and reason when denied.
@@ -274,6 +274,16 @@ fn invalid(error: String) -> Judgement {
     Judgement::Invalid {
         message: error.replace('\n', "; "),
     }
+}
+
+/// [`judge`] for the other kinds' door (`workload.rs`).
+pub(super) fn judge_valid(
+    job: &ValidatedJob,
+    tolerations: &[String],
+    snapshot: &Snapshot,
+    now: Timestamp,
+) -> Judgement {
+    judge(job, tolerations, snapshot, now)
 }
 
 /// Judge a valid job against `snapshot` at `now`, by the rule the operator

@@ -40,6 +40,19 @@ pub enum Reason {
     NoInventory,
 }
 
+/// The verdict on a Job, JobSet, TrainJob or PyTorchJob before enforcement,
+/// with the enforcement it was answered under and its namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabels {
+    pub enforcement: String,
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub namespace: String,
+}
+
+/// Distinct namespaces the workload metric names; the rest are counted as `_other`.
+pub const MAX_NAMESPACES: usize = 1024;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
     pub verdict: Verdict,
@@ -56,6 +69,10 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Connections closed at once because `connections` was at the cap.
     pub refused: Counter,
+    /// Verdicts on the other kinds, by enforcement, verdict, reason and namespace.
+    pub workloads: Family<WorkloadLabels, Counter>,
+    /// Namespaces named in `workloads` so far (at most [`MAX_NAMESPACES`]).
+    namespaces: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Metrics {
@@ -69,6 +86,8 @@ impl Metrics {
             inventory_age: Gauge::default(),
             connections: Gauge::default(),
             refused: Counter::default(),
+            workloads: Family::default(),
+            namespaces: Default::default(),
         };
         registry.register(
             "reviews",
@@ -95,6 +114,40 @@ impl Metrics {
             "Connections closed at once because the open ones were at the cap",
             m.refused.clone(),
         );
+        registry.register(
+            "workload_verdicts",
+            "Verdicts on Jobs, JobSets, TrainJobs and PyTorchJobs before enforcement, by enforcement, verdict, reason and namespace",
+            m.workloads.clone(),
+        );
         m
+    }
+
+    /// Count a verdict on a Job, JobSet, TrainJob or PyTorchJob of `namespace`.
+    pub fn workload_verdict(
+        &self,
+        enforcement: crate::webhook::Enforcement,
+        verdict: Verdict,
+        reason: Reason,
+        namespace: &str,
+    ) {
+        let namespace = {
+            let mut seen = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.contains(namespace) {
+                namespace.to_string()
+            } else if seen.len() < MAX_NAMESPACES {
+                seen.insert(namespace.to_string());
+                namespace.to_string()
+            } else {
+                "_other".to_string()
+            }
+        };
+        self.workloads
+            .get_or_create(&WorkloadLabels {
+                enforcement: enforcement.name().to_string(),
+                verdict,
+                reason,
+                namespace,
+            })
+            .inc();
     }
 }

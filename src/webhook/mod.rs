@@ -9,6 +9,8 @@ pub mod metrics;
 pub mod review;
 pub mod server;
 pub mod tls;
+pub mod workload;
 
 pub use listen::{Connections, serve};
 pub use server::{AppState, Limits, Totals, log_summaries, router, router_with};
+pub use workload::Enforcement;

@@ -23,7 +23,9 @@ use super::cache::{self, Cache};
 use super::decide::{self, Judgement};
 use super::metrics::{Metrics, Reason, ReviewLabels, Verdict};
 use super::review::{self, Answer, Job, Object, ReadJob, Review};
+use super::workload::{self, Enforcement};
 use crate::inventory::Source;
+use crate::kinds::Kind;
 
 /// Largest AdmissionReview body accepted (the API server caps objects at 1.5 MiB; reviews
 /// carry the object and the old object).
@@ -56,8 +58,14 @@ pub struct AppState {
     pub metrics: Metrics,
     pub registry: Registry,
     pub decisions: Cache<Judgement>,
+    /// The decisions on Jobs, JobSets, TrainJobs and PyTorchJobs already
+    /// judged, before enforcement, keyed as `decisions` is.
+    pub workload_decisions: Cache<decide::Decision>,
     /// Reviews answered, for the summary the log gets at info.
     pub totals: Totals,
+    /// What `/validate` does with its verdict on a Job, JobSet, TrainJob or
+    /// PyTorchJob (`/validate/deny`, `/warn`, `/audit` say it per review).
+    pub enforcement: Enforcement,
 }
 
 /// Counts since start, read by [`log_summaries`].
@@ -84,7 +92,9 @@ impl AppState {
             metrics,
             registry,
             decisions: Cache::new(capacity),
+            workload_decisions: Cache::new(capacity),
             totals: Totals::default(),
+            enforcement: Enforcement::default(),
         }
     }
 }
@@ -135,12 +145,30 @@ pub fn router_with(state: Arc<AppState>, limits: Limits) -> Router {
         // A body at the limit must always fit.
         body_memory: Semaphore::new(BODY_MEMORY_BYTES.max(limits.body_bytes)),
     });
-    let validate = move |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| {
+    let validate = |mode: Option<Enforcement>| {
         let gate = gate.clone();
-        async move { validate(&state, &gate, &headers, body).await }
+        move |State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body| {
+            let gate = gate.clone();
+            async move {
+                let mode = mode.unwrap_or(state.enforcement);
+                validate(&state, &gate, &headers, body, mode).await
+            }
+        }
     };
     Router::new()
-        .route("/validate", post(validate))
+        .route("/validate", post(validate(None)))
+        .route(
+            Enforcement::Deny.path(),
+            post(validate(Some(Enforcement::Deny))),
+        )
+        .route(
+            Enforcement::Warn.path(),
+            post(validate(Some(Enforcement::Warn))),
+        )
+        .route(
+            Enforcement::Audit.path(),
+            post(validate(Some(Enforcement::Audit))),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -281,7 +309,13 @@ fn too_large(prefix: &[u8], declared: Option<u64>, limit: usize) -> Response {
     json(StatusCode::OK, &answer)
 }
 
-async fn validate(state: &AppState, gate: &Gate, headers: &HeaderMap, body: Body) -> Response {
+async fn validate(
+    state: &AppState,
+    gate: &Gate,
+    headers: &HeaderMap,
+    body: Body,
+    enforcement: Enforcement,
+) -> Response {
     let started = Instant::now();
     let (body, _held) = match receive(gate, headers, body).await {
         Received::Whole(bytes, held) => (bytes, held),
@@ -311,6 +345,22 @@ async fn validate(state: &AppState, gate: &Gate, headers: &HeaderMap, body: Body
     // is read again the general way, whose errors name the field.
     if let Ok(review) = serde_json::from_slice::<Review<'_, Job>>(&body) {
         return answer(state, review, started);
+    }
+    // A Job, JobSet, TrainJob or PyTorchJob is read whole (its pod template
+    // is what it asks of GPUs).
+    if let Ok(peek) = serde_json::from_slice::<Review<'_, serde::de::IgnoredAny>>(&body)
+        && let Some(kind) = peek
+            .request
+            .as_ref()
+            .and_then(|r| Kind::of(&r.kind.group, &r.kind.kind))
+    {
+        return match serde_json::from_slice::<Review<'_, serde_json::Value>>(&body) {
+            Ok(review) => answer_workload(state, review, kind, enforcement, started),
+            Err(e) => {
+                count(state, started, Verdict::Invalid, Reason::Malformed);
+                invalid(format!("not an AdmissionReview: {e}"))
+            }
+        };
     }
     match serde_json::from_slice::<Review<'_, Object>>(&body) {
         Ok(review) => answer(state, review, started),
@@ -391,6 +441,106 @@ fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant)
         kind: &review.kind,
         response: review::Response {
             uid: &uid,
+            allowed: decision.allowed,
+            status: &decision.status,
+            warnings: &decision.warnings,
+        },
+    };
+    json(StatusCode::OK, &answer)
+}
+
+/// Answer a review of a Job, JobSet, TrainJob or PyTorchJob: CREATE is
+/// judged (`workload::judge`) and the verdict enforced; other operations are
+/// allowed unjudged.
+fn answer_workload(
+    state: &AppState,
+    review: Review<'_, serde_json::Value>,
+    kind: Kind,
+    enforcement: Enforcement,
+    started: Instant,
+) -> Response {
+    if review.api_version != review::API_VERSION || review.kind != review::KIND {
+        count(state, started, Verdict::Invalid, Reason::Malformed);
+        return invalid(format!(
+            "apiVersion {:?}, kind {:?}: only {} {} is served",
+            review.api_version,
+            review.kind,
+            review::API_VERSION,
+            review::KIND
+        ));
+    }
+    let Some(request) = review.request else {
+        count(state, started, Verdict::Invalid, Reason::Malformed);
+        return invalid("the AdmissionReview has no request".to_string());
+    };
+    let namespace = request.namespace.as_deref().unwrap_or("").to_string();
+    let judged = match (&request.operation, &request.object) {
+        (kube::core::admission::Operation::Create, Some(obj)) => {
+            let snapshot = state.inventory.snapshot();
+            let now = Timestamp::now();
+            let second = snapshot.as_of_unix.unwrap_or(now.as_second());
+            // The decision depends on the kind, the name (in its message), the
+            // annotations, the owner and the spec; the inventory; the second.
+            let cache = &state.workload_decisions;
+            let key = if cache.enabled() {
+                let meta = obj.get("metadata");
+                let part = |k: &str| meta.and_then(|m| m.get(k));
+                serde_json::to_vec(&(
+                    kind.name(),
+                    part("name"),
+                    part("annotations"),
+                    part("ownerReferences"),
+                    obj.get("spec"),
+                ))
+                .ok()
+            } else {
+                None
+            };
+            let hit = key.as_ref().and_then(|k| cache.get(&snapshot, second, k));
+            let d = match hit {
+                Some(d) => {
+                    state.totals.cached.fetch_add(1, Ordering::Relaxed);
+                    (*d).clone()
+                }
+                None => {
+                    let d = workload::judge(kind, obj, &snapshot, now);
+                    if let Some(k) = key {
+                        cache.insert(&snapshot, second, k, Arc::new(d.clone()));
+                    }
+                    d
+                }
+            };
+            state
+                .metrics
+                .workload_verdict(enforcement, d.verdict, d.reason, &namespace);
+            d
+        }
+        _ => workload::enforce(
+            decide::Judgement::Allow {
+                reason: Reason::NotJudged,
+                warnings: Vec::new(),
+            }
+            .decision(""),
+            Enforcement::Deny,
+        ),
+    };
+    let decision = workload::enforce(judged, enforcement);
+    tracing::debug!(
+        uid = %request.uid,
+        namespace = %namespace,
+        name = %request.name,
+        kind = kind.name(),
+        enforcement = enforcement.name(),
+        allowed = decision.allowed,
+        reason = ?decision.reason,
+        "admission review"
+    );
+    count(state, started, decision.verdict, decision.reason);
+    let answer = Answer {
+        api_version: &review.api_version,
+        kind: &review.kind,
+        response: review::Response {
+            uid: &request.uid,
             allowed: decision.allowed,
             status: &decision.status,
             warnings: &decision.warnings,

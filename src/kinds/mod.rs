@@ -1,0 +1,742 @@
+//! The jobs teams already submit: batch/v1 `Job`, JobSet
+//! (`jobset.x-k8s.io/v1alpha2`), Kubeflow Trainer's `TrainJob`
+//! (`trainer.kubeflow.org/v1alpha1`) and the Training Operator's `PyTorchJob`
+//! (`kubeflow.org/v1`), read into the TrainingJob spec vramguard estimates.
+//! Pure: the object in, a spec (and where each field came from) out.
+//!
+//! - The GPUs: `nvidia.com/gpu` limits (else requests) of each pod set's
+//!   containers, its pods (`parallelism`, `replicas`, `numNodes`), and so the
+//!   world size and GPUs per node; the product from a `nvidia.com/gpu.product`
+//!   node selector or required node affinity (`In`) when set.
+//! - The model and recipe, in this order: the `vramguard.io/training`
+//!   annotation (the `model`, `training`, `parallelism` and `fitPolicy`
+//!   sections of a TrainingJob spec, read and validated as a TrainingJob's
+//!   with its errors, their paths under the annotation); else the trainer's
+//!   command line ([`trainer`]); else the job is not judged, and why is said.
+
+pub mod knobs;
+pub mod shell;
+pub mod trainer;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Map, Value, json};
+
+use crate::api::{
+    self, FieldError, FitMode, FitPolicy, ModelSpec, ParallelismSpec, TrainingJob, TrainingJobSpec,
+    ValidatedJob, parse,
+};
+pub use knobs::Knobs;
+pub use trainer::{Source, Trainer};
+
+/// The annotation that tells vramguard the model and recipe of a job.
+pub const TRAINING_ANNOTATION: &str = "vramguard.io/training";
+/// The resource a pod asks GPUs with.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// GPU Feature Discovery's label of a node's GPU product.
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// The sections the annotation may hold.
+pub const ANNOTATION_SECTIONS: &[&str] = &["model", "training", "parallelism", "fitPolicy"];
+/// Longest annotation read (the API server caps all annotations at 256 KiB).
+pub const MAX_ANNOTATION: usize = 256 * 1024;
+/// Most pod sets read from one object.
+pub const MAX_POD_SETS: usize = 64;
+
+/// The kinds read here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Job,
+    JobSet,
+    TrainJob,
+    PyTorchJob,
+}
+
+impl Kind {
+    /// The kind of an object of `group` (`""` for core) and `kind`.
+    pub fn of(group: &str, kind: &str) -> Option<Kind> {
+        match (group, kind) {
+            ("batch", "Job") => Some(Kind::Job),
+            ("jobset.x-k8s.io", "JobSet") => Some(Kind::JobSet),
+            ("trainer.kubeflow.org", "TrainJob") => Some(Kind::TrainJob),
+            ("kubeflow.org", "PyTorchJob") => Some(Kind::PyTorchJob),
+            _ => None,
+        }
+    }
+
+    /// The kind of a document with `apiVersion` and `kind`.
+    pub fn of_document(doc: &Value) -> Option<Kind> {
+        let api_version = doc.get("apiVersion")?.as_str()?;
+        let kind = doc.get("kind")?.as_str()?;
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        Kind::of(group, kind)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Job => "Job",
+            Kind::JobSet => "JobSet",
+            Kind::TrainJob => "TrainJob",
+            Kind::PyTorchJob => "PyTorchJob",
+        }
+    }
+}
+
+/// One container of a pod set: its path in the object and its command words.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Container {
+    pub path: String,
+    pub argv: Vec<String>,
+    pub gpus: u64,
+}
+
+/// Pods of one shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSet {
+    /// Where its pod template is, e.g. `spec.replicatedJobs[0].template.spec.template`.
+    pub path: String,
+    pub pods: u64,
+    pub gpus_per_pod: u64,
+    /// A MIG resource asked for (`nvidia.com/mig-1g.10gb`), when one is.
+    pub mig: Option<String>,
+    /// GPU products a node selector or required affinity allows (empty: any).
+    pub products: Vec<String>,
+    /// Taint keys tolerated (`*` for every taint).
+    pub tolerations: Vec<String>,
+    pub containers: Vec<Container>,
+}
+
+/// Where the model and recipe came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Annotation,
+    Command(Trainer),
+}
+
+impl Origin {
+    pub fn knobs(self) -> Knobs {
+        match self {
+            Origin::Annotation => Knobs::Annotation,
+            Origin::Command(t) => Knobs::Trainer(t),
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Origin::Annotation => format!("the {TRAINING_ANNOTATION} annotation"),
+            Origin::Command(t) => format!("the {} command line", t.name()),
+        }
+    }
+}
+
+/// A job read well enough to judge.
+#[derive(Clone, Debug)]
+pub struct Judged {
+    pub kind: Kind,
+    /// The job as a TrainingJob (name, preset hint, spec).
+    pub job: TrainingJob,
+    pub validated: ValidatedJob,
+    pub origin: Origin,
+    /// Where each field came from.
+    pub sources: Vec<Source>,
+    /// GPU products the pods may run on (empty: any).
+    pub products: Vec<String>,
+    pub tolerations: Vec<String>,
+}
+
+/// What reading a job gives.
+#[derive(Clone, Debug)]
+pub enum Reading {
+    Judge(Box<Judged>),
+    /// Not judged; the reason is for a warning.
+    NotJudged(String),
+    /// The annotation is wrong: its errors, each naming the field.
+    Invalid(Vec<FieldError>),
+}
+
+fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// A count field: absent gives `default`; anything but a whole number ≥ 0 is an error.
+fn count(v: &Value, key: &str, path: &str, default: u64) -> Result<u64, String> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| format!("{path}.{key}: {n} is not a whole number")),
+        Some(Value::String(s)) => s
+            .parse::<u64>()
+            .map_err(|_| format!("{path}.{key}: {s:?} is not a whole number")),
+        Some(other) => Err(format!("{path}.{key}: {other} is not a whole number")),
+    }
+}
+
+/// A resource quantity of whole devices (`8`, `"8"`).
+fn devices(v: &Value, path: &str) -> Result<u64, String> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("{path}: {n} is not a whole number of devices")),
+        Value::String(s) => s
+            .parse::<u64>()
+            .map_err(|_| format!("{path}: {s:?} is not a whole number of devices")),
+        other => Err(format!("{path}: {other} is not a quantity")),
+    }
+}
+
+/// GPUs and MIG slices one container's resources ask for (limits, else requests).
+fn container_gpus(resources: Option<&Value>, path: &str) -> Result<(u64, Option<String>), String> {
+    let Some(r) = resources else {
+        return Ok((0, None));
+    };
+    let mut gpus = 0;
+    let mut mig = None;
+    for part in ["limits", "requests"] {
+        let Some(map) = r.get(part).and_then(Value::as_object) else {
+            continue;
+        };
+        if let Some(q) = map.get(GPU_RESOURCE) {
+            gpus = devices(q, &format!("{path}.{part}[{GPU_RESOURCE}]"))?;
+        }
+        if let Some(k) = map.keys().find(|k| k.starts_with("nvidia.com/mig-")) {
+            mig = Some(k.clone());
+        }
+        if gpus > 0 || mig.is_some() {
+            break;
+        }
+    }
+    Ok((gpus, mig))
+}
+
+fn argv_of(c: &Value) -> Vec<String> {
+    ["command", "args"]
+        .iter()
+        .filter_map(|k| c.get(*k).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|w| w.as_str().map(str::to_string))
+        .collect()
+}
+
+/// GPU products a pod spec's node selector or required node affinity allows.
+fn products_of(pod_spec: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = pod_spec
+        .get("nodeSelector")
+        .and_then(|s| s.get(PRODUCT_LABEL))
+        .and_then(Value::as_str)
+    {
+        out.push(p.to_string());
+    }
+    let terms = pod_spec
+        .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .and_then(Value::as_array);
+    for term in terms.into_iter().flatten() {
+        for e in term
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if str_at(e, "key") == Some(PRODUCT_LABEL) && str_at(e, "operator") == Some("In") {
+                for v in e
+                    .get("values")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(v) = v.as_str()
+                        && !out.iter().any(|o| o == v)
+                    {
+                        out.push(v.to_string());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn tolerations_of(pod_spec: &Value) -> Vec<String> {
+    pod_spec
+        .get("tolerations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let key = str_at(t, "key").unwrap_or("");
+            if key.is_empty() {
+                (str_at(t, "operator") == Some("Exists")).then(|| "*".to_string())
+            } else {
+                Some(key.to_string())
+            }
+        })
+        .collect()
+}
+
+/// A pod set from a pod spec at `path`.
+fn pod_set(pod_spec: &Value, path: &str, pods: u64) -> Result<PodSet, String> {
+    let mut containers = Vec::new();
+    let mut mig = None;
+    for (i, c) in pod_spec
+        .get("containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let cpath = format!("{path}.containers[{i}]");
+        let (gpus, m) = container_gpus(c.get("resources"), &format!("{cpath}.resources"))?;
+        mig = mig.or(m);
+        containers.push(Container {
+            path: cpath,
+            argv: argv_of(c),
+            gpus,
+        });
+    }
+    Ok(PodSet {
+        path: path.to_string(),
+        pods,
+        gpus_per_pod: containers.iter().map(|c| c.gpus).sum(),
+        mig,
+        products: products_of(pod_spec),
+        tolerations: tolerations_of(pod_spec),
+        containers,
+    })
+}
+
+/// The pod sets of an object of `kind`.
+pub fn pod_sets(kind: Kind, obj: &Value) -> Result<Vec<PodSet>, String> {
+    let null = Value::Null;
+    let spec = obj.get("spec").unwrap_or(&null);
+    let mut out = Vec::new();
+    match kind {
+        Kind::Job => {
+            let pods = count(spec, "parallelism", "spec", 1)?;
+            let pod = spec.pointer("/template/spec").unwrap_or(&null);
+            out.push(pod_set(pod, "spec.template.spec", pods)?);
+        }
+        Kind::JobSet => {
+            for (i, rj) in spec
+                .get("replicatedJobs")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .take(MAX_POD_SETS)
+            {
+                let path = format!("spec.replicatedJobs[{i}]");
+                let replicas = count(rj, "replicas", &path, 1)?;
+                let job = rj.pointer("/template/spec").unwrap_or(&null);
+                let parallelism = count(job, "parallelism", &format!("{path}.template.spec"), 1)?;
+                let pod = job.pointer("/template/spec").unwrap_or(&null);
+                out.push(pod_set(
+                    pod,
+                    &format!("{path}.template.spec.template.spec"),
+                    replicas.saturating_mul(parallelism),
+                )?);
+            }
+        }
+        Kind::PyTorchJob => {
+            let specs = spec.get("pytorchReplicaSpecs").and_then(Value::as_object);
+            for (role, rs) in specs.into_iter().flatten().take(MAX_POD_SETS) {
+                let path = format!("spec.pytorchReplicaSpecs.{role}");
+                let replicas = count(rs, "replicas", &path, 1)?;
+                let pod = rs.pointer("/template/spec").unwrap_or(&null);
+                out.push(pod_set(pod, &format!("{path}.template.spec"), replicas)?);
+            }
+        }
+        Kind::TrainJob => {
+            let trainer = spec.get("trainer").unwrap_or(&null);
+            let nodes = count(trainer, "numNodes", "spec.trainer", 1)?;
+            let (gpus, mig) = container_gpus(
+                trainer.get("resourcesPerNode"),
+                "spec.trainer.resourcesPerNode",
+            )?;
+            // The node selector and tolerations of the pod overrides.
+            let mut products = Vec::new();
+            let mut tolerations = Vec::new();
+            for o in spec
+                .get("podSpecOverrides")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                products.extend(products_of(o));
+                tolerations.extend(tolerations_of(o));
+            }
+            out.push(PodSet {
+                path: "spec.trainer".to_string(),
+                pods: nodes,
+                gpus_per_pod: gpus,
+                mig,
+                products,
+                tolerations,
+                containers: vec![Container {
+                    path: "spec.trainer".to_string(),
+                    argv: argv_of(trainer),
+                    gpus,
+                }],
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn annotation(obj: &Value, key: &str) -> Option<String> {
+    obj.pointer("/metadata/annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// Where the annotation's fields are named in errors.
+fn annotation_path(inner: &str) -> String {
+    let inner = inner.strip_prefix("spec").unwrap_or(inner);
+    let inner = inner.strip_prefix('.').unwrap_or(inner);
+    if inner.is_empty() {
+        format!("metadata.annotations[{TRAINING_ANNOTATION}]")
+    } else {
+        format!("metadata.annotations[{TRAINING_ANNOTATION}].{inner}")
+    }
+}
+
+fn field(path: String, reason: impl Into<String>) -> FieldError {
+    FieldError {
+        path,
+        reason: reason.into(),
+    }
+}
+
+/// Read a job of `kind` for judging.
+pub fn read(kind: Kind, obj: &Value) -> Reading {
+    let sets = match pod_sets(kind, obj) {
+        Ok(s) => s,
+        Err(e) => return Reading::NotJudged(format!("vramguard could not read the pods: {e}")),
+    };
+    let annotated = annotation(obj, TRAINING_ANNOTATION);
+    let gpu_sets: Vec<&PodSet> = sets
+        .iter()
+        .filter(|s| s.gpus_per_pod > 0 || s.mig.is_some())
+        .collect();
+    let Some(first) = gpu_sets.first() else {
+        let why = match kind {
+            Kind::TrainJob => format!(
+                "spec.trainer.resourcesPerNode asks no {GPU_RESOURCE}; GPUs set only in the runtime are not read"
+            ),
+            _ => format!("no container asks for {GPU_RESOURCE}"),
+        };
+        return Reading::NotJudged(why);
+    };
+    if let Some(m) = &first.mig {
+        return Reading::NotJudged(format!(
+            "{}: MIG slices ({m}) are not judged for this kind yet",
+            first.path
+        ));
+    }
+    if let Some(other) = gpu_sets
+        .iter()
+        .find(|s| s.gpus_per_pod != first.gpus_per_pod)
+    {
+        return Reading::NotJudged(format!(
+            "pod sets ask different GPU counts ({}: {}, {}: {}); one trainer shape is judged",
+            first.path, first.gpus_per_pod, other.path, other.gpus_per_pod
+        ));
+    }
+    let pods: u64 = gpu_sets.iter().map(|s| s.pods).fold(0, u64::saturating_add);
+    let per_pod = first.gpus_per_pod;
+    let world = pods.saturating_mul(per_pod);
+    let layout = format!(
+        "{pods} pod{} x {per_pod} {GPU_RESOURCE}",
+        if pods == 1 { "" } else { "s" }
+    );
+    let products = first.products.clone();
+    let tolerations = first.tolerations.clone();
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let hint = annotation(obj, api::PRESET_HINT_ANNOTATION);
+    let mut metadata = ObjectMeta {
+        name: Some(name),
+        namespace: obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ..ObjectMeta::default()
+    };
+    if let Some(h) = hint {
+        metadata.annotations = Some(BTreeMap::from([(
+            api::PRESET_HINT_ANNOTATION.to_string(),
+            h,
+        )]));
+    }
+    let base_sources = vec![Source {
+        field: "parallelism.gpus".to_string(),
+        from: format!("{world}: {layout} ({})", first.path),
+    }];
+    if let Some(text) = annotated {
+        return from_annotation(
+            kind,
+            &text,
+            world,
+            per_pod,
+            &layout,
+            metadata,
+            base_sources,
+            products,
+            tolerations,
+        );
+    }
+    // The trainer's command line, in the GPU containers first.
+    let mut unreadable: Option<String> = None;
+    let mut containers: Vec<&Container> = first.containers.iter().filter(|c| c.gpus > 0).collect();
+    containers.extend(first.containers.iter().filter(|c| c.gpus == 0));
+    for c in containers {
+        let cmds = match shell::commands(&c.argv) {
+            Ok(c) => c,
+            Err(e) => {
+                unreadable.get_or_insert(format!("{}: {e}", c.path));
+                continue;
+            }
+        };
+        for cmd in cmds {
+            match trainer::parse(&cmd) {
+                trainer::Parsed::Found(f) => {
+                    return from_command(
+                        kind,
+                        *f,
+                        world,
+                        per_pod,
+                        metadata,
+                        base_sources,
+                        products,
+                        tolerations,
+                        &c.path,
+                    );
+                }
+                trainer::Parsed::Unreadable(why) => {
+                    unreadable.get_or_insert(format!("{}: {why}", c.path));
+                }
+                trainer::Parsed::NotTrainer => {}
+            }
+        }
+    }
+    Reading::NotJudged(match unreadable {
+        Some(why) => format!("{why}; add the {TRAINING_ANNOTATION} annotation"),
+        None => format!(
+            "no {TRAINING_ANNOTATION} annotation and no trainer command vramguard reads \
+             (accelerate launch/torchrun/python with --model_name_or_path, tune run, litgpt finetune)"
+        ),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn from_annotation(
+    kind: Kind,
+    text: &str,
+    world: u64,
+    per_pod: u64,
+    layout: &str,
+    metadata: ObjectMeta,
+    mut sources: Vec<Source>,
+    products: Vec<String>,
+    tolerations: Vec<String>,
+) -> Reading {
+    let at = || annotation_path("");
+    if text.len() > MAX_ANNOTATION {
+        return Reading::Invalid(vec![field(
+            at(),
+            format!(
+                "{} bytes; vramguard reads at most {MAX_ANNOTATION}",
+                text.len()
+            ),
+        )]);
+    }
+    let doc = match parse::documents(text) {
+        Ok(mut d) if d.len() == 1 => d.remove(0),
+        Ok(d) => {
+            return Reading::Invalid(vec![field(
+                at(),
+                format!(
+                    "{} YAML documents; write one mapping with {}",
+                    d.len(),
+                    ANNOTATION_SECTIONS.join(", ")
+                ),
+            )]);
+        }
+        Err(e) => return Reading::Invalid(vec![field(at(), e.to_string())]),
+    };
+    let Value::Object(mut map) = doc else {
+        return Reading::Invalid(vec![field(
+            at(),
+            format!("expected a mapping with {}", ANNOTATION_SECTIONS.join(", ")),
+        )]);
+    };
+    let unknown: Vec<FieldError> = map
+        .keys()
+        .filter(|k| !ANNOTATION_SECTIONS.contains(&k.as_str()))
+        .map(|k| {
+            field(
+                annotation_path(k),
+                format!(
+                    "unknown section; the annotation holds {} (the pods come from the {} itself)",
+                    ANNOTATION_SECTIONS.join(", "),
+                    kind.name()
+                ),
+            )
+        })
+        .collect();
+    if !unknown.is_empty() {
+        return Reading::Invalid(unknown);
+    }
+    // The GPUs are the pods'; the annotation may repeat them, not contradict them.
+    let par = map
+        .entry("parallelism")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(p) = par {
+        let mut errs = Vec::new();
+        for (key, want) in [("gpus", world), ("gpusPerNode", per_pod)] {
+            match p.get(key) {
+                None => {
+                    p.insert(key.to_string(), json!(want));
+                }
+                Some(v) if v.as_u64() == Some(want) => {}
+                Some(v) if v.is_u64() => errs.push(field(
+                    annotation_path(&format!("parallelism.{key}")),
+                    format!(
+                        "{v}, but the {} asks {want} ({layout}); leave it out or make them agree",
+                        kind.name()
+                    ),
+                )),
+                // Wrong types are the schema's to report.
+                Some(_) => {}
+            }
+        }
+        if !errs.is_empty() {
+            return Reading::Invalid(errs);
+        }
+    }
+    let name = metadata.name.clone().unwrap_or_default();
+    let doc = json!({
+        "apiVersion": parse::API_VERSION,
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": Value::Object(map),
+    });
+    let rename = |errs: Vec<FieldError>| {
+        errs.into_iter()
+            .map(|e| field(annotation_path(&e.path), e.reason))
+            .collect::<Vec<_>>()
+    };
+    let mut tj = match parse::training_job(doc) {
+        Ok(tj) => tj,
+        Err(parse::ParseError::Fields(f)) => return Reading::Invalid(rename(f)),
+        Err(e) => return Reading::Invalid(vec![field(at(), e.to_string())]),
+    };
+    tj.metadata = metadata;
+    let validated = match api::validate_job(&tj) {
+        Ok(v) => v,
+        Err(e) => return Reading::Invalid(rename(e.0)),
+    };
+    sources.push(Source {
+        field: "model, training, fitPolicy".to_string(),
+        from: format!("the {TRAINING_ANNOTATION} annotation"),
+    });
+    Reading::Judge(Box::new(Judged {
+        kind,
+        job: tj,
+        validated,
+        origin: Origin::Annotation,
+        sources,
+        products,
+        tolerations,
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn from_command(
+    kind: Kind,
+    f: trainer::FromCommand,
+    world: u64,
+    per_pod: u64,
+    metadata: ObjectMeta,
+    mut sources: Vec<Source>,
+    products: Vec<String>,
+    tolerations: Vec<String>,
+    container: &str,
+) -> Reading {
+    if let Some(w) = f.launcher_world
+        && w != world
+    {
+        sources.push(Source {
+            field: "parallelism.gpus".to_string(),
+            from: format!(
+                "the launcher in {container} says {w} processes; the pods' {world} GPUs are judged"
+            ),
+        });
+    }
+    let mut training = f.training;
+    if f.accumulation >= 1 {
+        training.global_batch_size = Some(
+            training
+                .micro_batch_size
+                .saturating_mul(f.accumulation)
+                .saturating_mul(world),
+        );
+    }
+    let allow = match f.trainer {
+        Trainer::LitGpt => vec![api::AdjustableField::MicroBatchSize],
+        _ => vec![
+            api::AdjustableField::MicroBatchSize,
+            api::AdjustableField::GradientCheckpointing,
+        ],
+    };
+    let spec = TrainingJobSpec {
+        model: ModelSpec {
+            preset: Some(f.preset.to_string()),
+            ..ModelSpec::default()
+        },
+        training,
+        parallelism: ParallelismSpec {
+            gpus: world,
+            gpus_per_node: Some(per_pod),
+            strategy: f.strategy,
+            sharding: f.sharding,
+            ..ParallelismSpec::default()
+        },
+        fit_policy: FitPolicy {
+            mode: FitMode::Adjust,
+            allow,
+            ..FitPolicy::default()
+        },
+        template: None,
+    };
+    let tj = TrainingJob {
+        metadata,
+        spec,
+        status: None,
+    };
+    sources.extend(f.sources);
+    match api::validate_job(&tj) {
+        Ok(validated) => Reading::Judge(Box::new(Judged {
+            kind,
+            job: tj,
+            validated,
+            origin: Origin::Command(f.trainer),
+            sources,
+            products,
+            tolerations,
+        })),
+        // What the command says does not make a valid job (a batch that does
+        // not divide, too many GPUs): not judged, with the validator's words.
+        Err(e) => Reading::NotJudged(format!(
+            "the job read from {container}'s command is not one vramguard can estimate: {}",
+            e.to_string().replace('\n', "; ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;
