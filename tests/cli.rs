@@ -610,3 +610,216 @@ fn serve_refuses_connection_bounds_out_of_range() {
         );
     }
 }
+
+/// `vramguard <args>` with `input` on standard input.
+fn run_with_stdin(args: &[&str], input: &[u8]) -> Run {
+    let mut child = command(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(input)
+        .expect("the child reads stdin");
+    finish(child.wait_with_output().expect("the child exits"), args)
+}
+
+fn run(args: &[&str]) -> Run {
+    finish(command(args).output().expect("the binary runs"), args)
+}
+
+const QLORA_YAML: &str = "model: {preset: llama-3.1-8b}
+training: {mode: qlora, microBatchSize: 2, sequenceLength: 4096, precision: bf16, gradientCheckpointing: full, lora: {rank: 16, targetModules: [q_proj, v_proj]}}
+parallelism: {gpus: 1}
+fitPolicy: {mode: Adjust, allow: [microBatchSize, loss]}";
+
+const QLORA_FLAGS: &[&str] = &[
+    "--model",
+    "llama-3.1-8b",
+    "--mode",
+    "qlora",
+    "--micro-batch",
+    "2",
+    "--seq",
+    "4096",
+    "--precision",
+    "bf16",
+    "--gradient-checkpointing",
+    "full",
+    "--lora-rank",
+    "16",
+    "--lora-target-modules",
+    "q_proj,v_proj",
+    "--parallelism-gpus",
+    "1",
+    "--fit-policy-mode",
+    "Adjust",
+    "--allow",
+    "microBatchSize,loss",
+];
+
+/// The flags make the same job as the YAML: the same estimate, verdict and plan.
+#[test]
+fn flags_estimate_the_same_job_as_yaml() {
+    let from_yaml = estimate(
+        job("llama-3-1-8b-qlora", QLORA_YAML).as_bytes(),
+        &["--gpu", "rtx-4090", "-o", "json"],
+    );
+    let mut args = vec!["estimate", "--gpu", "rtx-4090", "-o", "json"];
+    args.extend_from_slice(QLORA_FLAGS);
+    let from_flags = run(&args);
+    assert_eq!(from_flags.code, from_yaml.code, "{}", from_flags.stderr);
+    let (a, b) = (json(&from_yaml), json(&from_flags));
+    assert_eq!(a["estimate"], b["estimate"]);
+    assert_eq!(a["verdicts"], b["verdicts"]);
+    assert_eq!(b["name"], "llama-3-1-8b-qlora");
+    assert_eq!(b["verdicts"][0]["gpu"], "rtx-4090");
+}
+
+/// `--print-spec` prints a TrainingJob that, read back with `-f -`, is the same job.
+#[test]
+fn print_spec_round_trips_through_f() {
+    let mut args = vec!["estimate", "--print-spec"];
+    args.extend_from_slice(QLORA_FLAGS);
+    let printed = run(&args);
+    assert_eq!(printed.code, 0, "{}", printed.stderr);
+    assert!(
+        printed
+            .stdout
+            .starts_with("apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\n"),
+        "{}",
+        printed.stdout
+    );
+    let back = run_with_stdin(
+        &["estimate", "-f", "-", "--gpu", "rtx-4090", "-o", "json"],
+        printed.stdout.as_bytes(),
+    );
+    let mut args = vec!["estimate", "--gpu", "rtx-4090", "-o", "json"];
+    args.extend_from_slice(QLORA_FLAGS);
+    let direct = run(&args);
+    assert_eq!(back.code, direct.code, "{}", back.stderr);
+    assert_eq!(json(&back)["estimate"], json(&direct)["estimate"]);
+}
+
+/// Bad flag values go through the YAML validator: every problem at once, each naming the
+/// field's path and the flag that set it; exit 2, nothing printed.
+#[test]
+fn bad_flags_name_the_field_and_the_flag() {
+    let run = run(&[
+        "estimate",
+        "--model",
+        "llama-3.1-8b",
+        "--micro-batch",
+        "two",
+        "--precision",
+        "bf17",
+        "--print-spec",
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    for needle in [
+        "spec.training.microBatchSize",
+        "(set by --micro-batch-size)",
+        "spec.training.precision",
+        "bf16-mixed",
+        "(set by --precision)",
+    ] {
+        assert!(run.stderr.contains(needle), "{needle}:\n{}", run.stderr);
+    }
+    // A model the catalog lacks: the same message as in a file.
+    let unknown = run_flags_error(&["--model", "llama-9"]);
+    assert!(unknown.contains("spec.model.preset"), "{unknown}");
+    // A cross-field rule of the validator.
+    let cross = run_flags_error(&["--model", "gpt2", "--mode", "full", "--quantization", "nf4"]);
+    assert!(cross.contains("spec.training.quantization"), "{cross}");
+    // No model at all.
+    let none = run_flags_error(&["--micro-batch", "2"]);
+    assert!(
+        none.contains("-f FILE") && none.contains("--model"),
+        "{none}"
+    );
+}
+
+fn run_flags_error(flags: &[&str]) -> String {
+    let mut args = vec!["estimate"];
+    args.extend_from_slice(flags);
+    let r = run(&args);
+    assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
+    r.stderr
+}
+
+/// `--hf-config FILE` estimates any Hugging Face model; the same config under
+/// `spec.model.hfConfig` in YAML gives the same numbers; a file that is not a JSON object
+/// is refused by name.
+#[test]
+fn hf_config_file_is_the_model() {
+    let config = r#"{"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "vocab_size": 151936, "tie_word_embeddings": true, "max_position_embeddings": 32768}"#;
+    let file = TempFile::new(config.as_bytes());
+    let path = file.0.to_str().expect("UTF-8 path");
+    let flags = run(&[
+        "estimate",
+        "--hf-config",
+        path,
+        "--mode",
+        "full",
+        "--seq",
+        "1024",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(flags.code, 0, "{}", flags.stderr);
+    let yaml = estimate(
+        job(
+            "qwen2-full",
+            &format!(
+                "model: {{hfConfig: {config}}}\ntraining: {{mode: full, sequenceLength: 1024}}"
+            )
+            .replace('\n', " ")
+            .replacen(" training:", "\ntraining:", 1),
+        )
+        .as_bytes(),
+        &["-o", "json"],
+    );
+    assert_eq!(yaml.code, 0, "{}", yaml.stderr);
+    assert_eq!(json(&flags)["estimate"], json(&yaml)["estimate"]);
+    assert_eq!(json(&flags)["name"], "qwen2-full");
+
+    let bad = TempFile::new(b"[1, 2]");
+    let err = run_flags_error(&["--hf-config", bad.0.to_str().expect("UTF-8 path")]);
+    assert!(
+        err.contains("--hf-config") && err.contains("not a JSON object"),
+        "{err}"
+    );
+}
+
+/// With `-f`, a flag overrides that field of the file's job.
+#[test]
+fn flags_override_the_file() {
+    let base = estimate(small().as_bytes(), &["-o", "json"]);
+    let bigger = estimate(
+        small().as_bytes(),
+        &["-o", "json", "--micro-batch-size", "16"],
+    );
+    assert_eq!(base.code, 0, "{}", base.stderr);
+    assert_eq!(bigger.code, 0, "{}", bigger.stderr);
+    assert!(
+        u64_at(&json(&bigger), "/estimate/perGpuBytes")
+            > u64_at(&json(&base), "/estimate/perGpuBytes")
+    );
+    let printed = estimate(
+        small().as_bytes(),
+        &["--micro-batch-size", "16", "--print-spec"],
+    );
+    assert!(
+        printed.stdout.contains("microBatchSize: 16"),
+        "{}",
+        printed.stdout
+    );
+    assert!(printed.stdout.contains("name: small"), "{}", printed.stdout);
+}

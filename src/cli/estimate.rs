@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use super::spec_flags::SpecFlags;
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
 use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
 use crate::decide::{self, Choice};
@@ -26,14 +27,15 @@ pub enum OutputFormat {
 /// Arguments of `vramguard estimate`.
 #[derive(Debug, Clone, Args)]
 pub struct EstimateArgs {
-    /// TrainingJob YAML (one or several documents); `-` reads standard input.
+    /// TrainingJob YAML (one or several documents); `-` reads standard input. Without it,
+    /// the job is given by flags (`--model`, `--hf-config`, ...).
     #[arg(
         short = 'f',
         long = "file",
         env = "VRAMGUARD_FILE",
         value_name = "FILE"
     )]
-    pub file: PathBuf,
+    pub file: Option<PathBuf>,
     /// GPU product to check against (see the README for the catalog).
     #[arg(
         long,
@@ -66,6 +68,12 @@ pub struct EstimateArgs {
         value_name = "KEY,KEY,..."
     )]
     pub tolerate: Vec<String>,
+    /// Print the TrainingJob (YAML, ready for `kubectl apply -f -`) that the flags and `-f`
+    /// make, once it is valid, instead of estimating it.
+    #[arg(long)]
+    pub print_spec: bool,
+    #[command(flatten)]
+    pub spec: SpecFlags,
 }
 
 /// One GPU's verdict for a job.
@@ -407,37 +415,88 @@ pub fn reports_from_text(
     targets: &[&'static GpuProduct],
 ) -> Result<Vec<Result<JobReport, DocumentError>>, String> {
     let docs = parse::documents(text).map_err(|e| e.to_string())?;
-    let many = docs.len() > 1;
-    let mut out = Vec::new();
-    for (i, doc) in docs.into_iter().enumerate() {
-        let name = parse::document_name(&doc);
-        let location = match (&name, many) {
-            (Some(n), true) => format!("document {} ({n})", i + 1),
-            (None, true) => format!("document {}", i + 1),
-            (Some(n), false) => n.clone(),
-            (None, false) => "document".to_string(),
-        };
-        let result = parse::training_job(doc)
-            .map_err(|e| e.to_string())
-            .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
-            .and_then(|job| report(&job, name.clone(), targets));
-        out.push(result.map_err(|message| DocumentError {
-            location: location.clone(),
-            message,
-        }));
-    }
-    Ok(out)
+    Ok(reports_from_documents(docs, targets, &SpecFlags::default()))
 }
 
-fn read_input(args: &EstimateArgs, stdin: &mut dyn Read) -> Result<String, String> {
+/// Where a document is, for messages.
+fn location(i: usize, many: bool, name: &Option<String>) -> String {
+    match (name, many) {
+        (Some(n), true) => format!("document {} ({n})", i + 1),
+        (None, true) => format!("document {}", i + 1),
+        (Some(n), false) => n.clone(),
+        (None, false) => "document".to_string(),
+    }
+}
+
+/// Parse and validate every document, as the webhook would; the errors name the field (and
+/// the flag that set it).
+pub fn validate_documents(
+    docs: Vec<serde_json::Value>,
+    flags: &SpecFlags,
+) -> Vec<Result<(Option<String>, ValidatedJob), DocumentError>> {
+    let many = docs.len() > 1;
+    docs.into_iter()
+        .enumerate()
+        .map(|(i, doc)| {
+            let name = parse::document_name(&doc);
+            parse::training_job(doc)
+                .map_err(|e| e.to_string())
+                .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
+                .map(|job| (name.clone(), job))
+                .map_err(|message| DocumentError {
+                    location: location(i, many, &name),
+                    message: flags.annotate(&message),
+                })
+        })
+        .collect()
+}
+
+/// Parse, validate and estimate every document.
+pub fn reports_from_documents(
+    docs: Vec<serde_json::Value>,
+    targets: &[&'static GpuProduct],
+    flags: &SpecFlags,
+) -> Vec<Result<JobReport, DocumentError>> {
+    validate_documents(docs, flags)
+        .into_iter()
+        .map(|r| {
+            r.and_then(|(name, job)| {
+                report(&job, name.clone(), targets).map_err(|message| DocumentError {
+                    location: name.unwrap_or_else(|| "document".to_string()),
+                    message,
+                })
+            })
+        })
+        .collect()
+}
+
+/// The documents `-f` and the flags give, and what to call their source in messages.
+pub fn job_documents(
+    file: Option<&std::path::Path>,
+    flags: &SpecFlags,
+    stdin: &mut dyn Read,
+) -> Result<(String, Vec<serde_json::Value>), String> {
+    let Some(file) = file else {
+        return Ok(("flags".to_string(), vec![flags.document()?]));
+    };
+    let source = file.display().to_string();
+    let text = read_input(file, stdin)?;
+    let mut docs = parse::documents(&text).map_err(|e| format!("{source}: {e}"))?;
+    for doc in &mut docs {
+        flags.apply(doc)?;
+    }
+    Ok((source, docs))
+}
+
+fn read_input(file: &std::path::Path, stdin: &mut dyn Read) -> Result<String, String> {
     let mut bytes = Vec::new();
-    let source = args.file.display().to_string();
+    let source = file.display().to_string();
     if source == "-" {
         stdin
             .read_to_end(&mut bytes)
             .map_err(|e| format!("reading standard input: {e}"))?;
     } else {
-        bytes = std::fs::read(&args.file).map_err(|e| format!("{source}: {e}"))?;
+        bytes = std::fs::read(file).map_err(|e| format!("{source}: {e}"))?;
     }
     String::from_utf8(bytes).map_err(|e| {
         format!(
@@ -447,6 +506,42 @@ fn read_input(args: &EstimateArgs, stdin: &mut dyn Read) -> Result<String, Strin
     })
 }
 
+/// `--print-spec`: every document as YAML once all are valid; exit 0, or 2 with every problem.
+fn print_spec(
+    source: &str,
+    docs: Vec<serde_json::Value>,
+    flags: &SpecFlags,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let mut bad = false;
+    for r in validate_documents(docs.clone(), flags) {
+        if let Err(e) = r {
+            bad = true;
+            for line in e.message.lines() {
+                let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
+            }
+        }
+    }
+    if bad {
+        return EXIT_BAD_INPUT;
+    }
+    for (i, doc) in docs.iter().enumerate() {
+        let text = match serde_saphyr::to_string(doc) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = writeln!(err, "error: writing the spec: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        };
+        let sep = if i > 0 { "---\n" } else { "" };
+        if write!(out, "{sep}{text}").is_err() {
+            return EXIT_BAD_INPUT;
+        }
+    }
+    EXIT_FITS
+}
+
 /// Run `estimate`; returns the exit code.
 pub fn run_estimate(
     args: &EstimateArgs,
@@ -454,7 +549,6 @@ pub fn run_estimate(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let source = args.file.display().to_string();
     let cluster = match args.cluster.as_deref().map(read_cluster).transpose() {
         Ok(c) => c,
         Err(e) => {
@@ -471,20 +565,19 @@ pub fn run_estimate(
             return EXIT_BAD_INPUT;
         }
     };
-    let text = match read_input(args, stdin) {
-        Ok(t) => t,
+    let (source, docs) = match job_documents(args.file.as_deref(), &args.spec, stdin) {
+        Ok(d) => d,
         Err(e) => {
-            let _ = writeln!(err, "error: {e}");
+            for line in e.lines() {
+                let _ = writeln!(err, "error: {line}");
+            }
             return EXIT_BAD_INPUT;
         }
     };
-    let results = match reports_from_text(&text, &targets) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(err, "error: {source}: {e}");
-            return EXIT_BAD_INPUT;
-        }
-    };
+    if args.print_spec {
+        return print_spec(&source, docs, &args.spec, out, err);
+    }
+    let results = reports_from_documents(docs, &targets, &args.spec);
     let mut bad = false;
     let mut reports = Vec::new();
     for r in results {

@@ -7,6 +7,7 @@ pub mod estimate;
 mod render;
 pub mod serve;
 pub mod simulate;
+pub mod spec_flags;
 
 use std::process::ExitCode;
 
