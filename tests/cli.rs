@@ -462,7 +462,7 @@ fn two_gpus_give_two_verdicts() {
     }
 
     let table = estimate(small().as_bytes(), &["--gpus", "a10g,h100-80gb"]);
-    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert_eq!(table.code, run.code, "{}", table.stderr);
     assert!(table.stdout.contains("a10g"), "{}", table.stdout);
     assert!(table.stdout.contains("h100-80gb"), "{}", table.stdout);
 }
@@ -822,4 +822,289 @@ fn flags_override_the_file() {
         printed.stdout
     );
     assert!(printed.stdout.contains("name: small"), "{}", printed.stdout);
+}
+
+/// The job of the `max` tests, as flags: no globalBatchSize, so that `estimate` with a
+/// micro-batch flag keeps the accumulation the search kept.
+const MAX_JOB: &[&str] = &[
+    "--model",
+    "llama-3.1-8b",
+    "--mode",
+    "lora",
+    "--precision",
+    "bf16",
+    "--micro-batch",
+    "4",
+    "--seq",
+    "1024",
+    "--allow",
+    "microBatchSize,loss,gradientCheckpointing",
+];
+
+/// `estimate`'s exit code for MAX_JOB on `gpu` with `extra` flags (later flags win).
+fn estimate_code(gpu: &str, extra: &[&str]) -> i32 {
+    let mut args = vec!["estimate", "--gpu", gpu];
+    args.extend_from_slice(MAX_JOB);
+    args.extend_from_slice(extra);
+    let r = run(&args);
+    assert!(r.code == 0 || r.code == 1, "{args:?}: {}", r.stderr);
+    r.code
+}
+
+/// `max` answers the boundary: the largest micro-batch n and the longest sequence s fit
+/// (estimate exits 0), n+1 and s+1 do not (exit 1), as written and with each change.
+#[test]
+fn max_answers_the_boundary() {
+    let gpu = "a100-40gb";
+    let mut args = vec!["max", "--gpu", gpu, "-o", "json"];
+    args.extend_from_slice(MAX_JOB);
+    let r = run(&args);
+    assert!(r.code == 0 || r.code == 1, "{}", r.stderr);
+    let v = json(&r);
+    let rows = v["rows"].as_array().expect("rows");
+    let changes: Vec<&str> = rows
+        .iter()
+        .map(|r| r["change"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(changes[0], "as written");
+    assert!(changes.contains(&"loss: standard → chunked"), "{changes:?}");
+    assert!(
+        changes.contains(&"gradientCheckpointing: none → full"),
+        "{changes:?}"
+    );
+    assert!(
+        !changes.iter().any(|c| c.starts_with("optimizer")),
+        "not allowed: {changes:?}"
+    );
+    let mut checked = 0;
+    for row in rows {
+        let change = row["change"].as_str().expect("change");
+        let flags: Vec<&str> = match change {
+            "as written" => vec![],
+            "loss: standard → chunked" => vec!["--loss", "chunked"],
+            "gradientCheckpointing: none → full" => vec!["--gradient-checkpointing", "full"],
+            "gradientCheckpointing: none → selective" => {
+                vec!["--gradient-checkpointing", "selective"]
+            }
+            _ => continue,
+        };
+        for (key, flag) in [
+            ("microBatchSize", "--micro-batch-size"),
+            ("sequenceLength", "--seq"),
+        ] {
+            assert_eq!(row[key]["capped"], false, "{change}: {row}");
+            let n = u64_at(&row[key], "/value");
+            let (at, above) = (n.to_string(), (n + 1).to_string());
+            let mut fits = flags.clone();
+            fits.extend([flag, at.as_str()]);
+            let mut over = flags.clone();
+            over.extend([flag, above.as_str()]);
+            assert_eq!(
+                estimate_code(gpu, &fits),
+                0,
+                "{change}: {flag} {n} should fit"
+            );
+            assert_eq!(
+                estimate_code(gpu, &over),
+                1,
+                "{change}: {flag} {} should not",
+                n + 1
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked} boundaries checked");
+    // A change buys a larger batch than as written.
+    let best = rows
+        .iter()
+        .filter_map(|r| r["microBatchSize"]["value"].as_u64())
+        .max()
+        .expect("some micro-batch fits");
+    assert!(best > u64_at(&rows[0], "/microBatchSize/value"), "{v}");
+}
+
+/// The exit code says whether the job fits as written, and the table names the GPU.
+#[test]
+fn max_exit_code_and_table() {
+    let mut args = vec![
+        "max",
+        "--gpu",
+        "h100-80gb",
+        "--model",
+        "gpt2",
+        "--micro-batch",
+        "4",
+        "--seq",
+        "1024",
+    ];
+    let fits = run(&args);
+    assert_eq!(fits.code, 0, "{}", fits.stderr);
+    assert!(
+        fits.stdout.contains("on h100-80gb") && fits.stdout.contains("as written"),
+        "{}",
+        fits.stdout
+    );
+    args.extend(["--micro-batch", "100000"]);
+    let too_big = run(&args);
+    assert_eq!(too_big.code, 1, "{}", too_big.stderr);
+    let bad = run(&[
+        "max",
+        "--gpu",
+        "h100-80gb",
+        "--model",
+        "gpt2",
+        "--seq",
+        "zero",
+    ]);
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("spec.training.sequenceLength"),
+        "{}",
+        bad.stderr
+    );
+}
+
+/// The attributes of every `name` element of an SVG document, parsed.
+fn svg_elements(text: &str, name: &str) -> Vec<std::collections::HashMap<String, String>> {
+    use svg::parser::Event;
+    svg::read(text)
+        .expect("the SVG parses")
+        .filter_map(|e| match e {
+            Event::Tag(n, t, attrs) if n == name && t != svg::node::element::tag::Type::End => {
+                Some(
+                    attrs
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.to_string()))
+                        .collect(),
+                )
+            }
+            Event::Error(e) => panic!("SVG error: {e}"),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `-o svg`: one range band per phase of the step (as many as `-o json` lists), stacked
+/// component bars in each, the GPU's usable memory as one line at its height, and `--plot`
+/// writes the same picture while the table goes to standard output.
+#[test]
+fn svg_has_a_band_per_phase_and_the_gpu_line() {
+    let spec = job(
+        "llama-3-1-8b-lora",
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 2, sequenceLength: 2048}",
+    );
+    let run = estimate(spec.as_bytes(), &["--gpu", "a100-80gb", "-o", "svg"]);
+    // The picture whatever the verdict; the exit code is the verdict's.
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    assert!(
+        run.stdout.starts_with("<svg"),
+        "{}",
+        &run.stdout[..run.stdout.len().min(200)]
+    );
+    let phases: Vec<String> = json(&estimate(
+        spec.as_bytes(),
+        &["--gpu", "a100-80gb", "-o", "json"],
+    ))["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["phase"].as_str().expect("name").to_string())
+        .collect();
+    assert!(phases.len() >= 4, "{phases:?}");
+    let rects = svg_elements(&run.stdout, "rect");
+    let class =
+        |r: &std::collections::HashMap<String, String>| r.get("class").cloned().unwrap_or_default();
+    let bands: Vec<_> = rects.iter().filter(|r| class(r) == "range").collect();
+    assert_eq!(bands.len(), phases.len(), "one band per phase");
+    let components: Vec<_> = rects.iter().filter(|r| class(r) == "component").collect();
+    assert!(
+        components.len() >= 2 * phases.len(),
+        "stacked bars: {}",
+        components.len()
+    );
+    for c in ["weights", "activations"] {
+        assert!(
+            components
+                .iter()
+                .any(|r| r.get("data-component").map(String::as_str) == Some(c)),
+            "{c}"
+        );
+    }
+    let groups = svg_elements(&run.stdout, "g");
+    let drawn: Vec<String> = groups
+        .iter()
+        .filter_map(|g| g.get("data-phase").cloned())
+        .collect();
+    assert_eq!(drawn, phases, "the phases in step order");
+    let lines: Vec<_> = svg_elements(&run.stdout, "line")
+        .into_iter()
+        .filter(|l| l.get("class").map(String::as_str) == Some("usable"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one GPU line");
+    assert_eq!(lines[0]["y1"], lines[0]["y2"], "horizontal");
+    assert!(
+        run.stdout.contains("a100-80gb usable"),
+        "the line is labelled"
+    );
+
+    let file = TempFile::new(b"");
+    let path = file.0.to_str().expect("UTF-8").to_string();
+    let table = estimate(
+        spec.as_bytes(),
+        &["--gpu", "a100-80gb", "--plot", path.as_str()],
+    );
+    assert_eq!(table.code, run.code, "{}", table.stderr);
+    assert!(table.stdout.contains("peak allocated"), "{}", table.stdout);
+    let written = std::fs::read_to_string(&file.0).expect("--plot wrote the file");
+    assert_eq!(written, run.stdout);
+    // Two jobs make no one picture.
+    let two = format!("{}---\n{}", small(), huge());
+    let many = estimate(two.as_bytes(), &["-o", "svg"]);
+    assert_eq!(many.code, 2);
+    assert!(many.stderr.contains("one job"), "{}", many.stderr);
+}
+
+/// `simulate` shows progress on standard error when asked (a terminal, or `--progress
+/// always`), and nothing in a pipe by default.
+#[test]
+fn simulate_progress_only_when_asked_or_on_a_terminal() {
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/scenarios/burst.yaml");
+    let quiet = run(&["simulate", "-f", scenario, "-o", "json"]);
+    assert!(quiet.code == 0 || quiet.code == 1, "{}", quiet.stderr);
+    assert!(
+        !quiet.stderr.contains('\r') && !quiet.stderr.contains("simulate:"),
+        "{}",
+        quiet.stderr
+    );
+    let shown = run(&[
+        "simulate",
+        "-f",
+        scenario,
+        "-o",
+        "json",
+        "--progress",
+        "always",
+    ]);
+    assert_eq!(shown.code, quiet.code, "{}", shown.stderr);
+    assert!(
+        shown.stderr.contains("\r\x1b[2Ksimulate: "),
+        "{:?}",
+        shown.stderr
+    );
+    assert!(
+        shown.stderr.contains("jobs submitted"),
+        "{:?}",
+        shown.stderr
+    );
+    assert!(
+        shown.stderr.ends_with("\r\x1b[2K"),
+        "the line is cleared at the end"
+    );
+    // The report is the same with or without the progress line.
+    let (mut a, mut b) = (json(&quiet), json(&shown));
+    for v in [&mut a, &mut b] {
+        v["summary"]["wallSeconds"] = Value::Null;
+    }
+    assert_eq!(a["summary"], b["summary"]);
+    assert_eq!(a["invariants"], b["invariants"]);
 }

@@ -22,6 +22,8 @@ pub enum OutputFormat {
     Table,
     Json,
     Yaml,
+    /// `estimate` only: the step as a picture (one job).
+    Svg,
 }
 
 /// Arguments of `vramguard estimate`.
@@ -72,6 +74,9 @@ pub struct EstimateArgs {
     /// make, once it is valid, instead of estimating it.
     #[arg(long)]
     pub print_spec: bool,
+    /// Also write the picture of the step (what `-o svg` prints) to FILE (one job).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub spec: SpecFlags,
 }
@@ -597,7 +602,40 @@ pub fn run_estimate(
         let _ = writeln!(err, "error: {source}: {e}");
         return EXIT_BAD_INPUT;
     }
+    let picture = args.output == OutputFormat::Svg || args.plot.is_some();
+    let svg = match (picture, reports.as_slice()) {
+        (false, _) => None,
+        (true, [one]) if !bad => match &one.job {
+            Some(job) => {
+                let name = one.name.as_deref().unwrap_or("job");
+                match super::plot::step_svg(job, name, targets[0]) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        let _ = writeln!(err, "error: drawing the step: {e}");
+                        return EXIT_BAD_INPUT;
+                    }
+                }
+            }
+            None => None,
+        },
+        (true, _) if bad => return EXIT_BAD_INPUT,
+        (true, many) => {
+            let _ = writeln!(
+                err,
+                "error: -o svg and --plot draw one job; {source} holds {}",
+                many.len()
+            );
+            return EXIT_BAD_INPUT;
+        }
+    };
+    if let (Some(path), Some(svg)) = (&args.plot, &svg)
+        && let Err(e) = std::fs::write(path, svg)
+    {
+        let _ = writeln!(err, "error: --plot {}: {e}", path.display());
+        return EXIT_BAD_INPUT;
+    }
     let written = match args.output {
+        OutputFormat::Svg => out.write_all(svg.unwrap_or_default().as_bytes()),
         OutputFormat::Table => render::table(&reports, out),
         OutputFormat::Json => {
             let text = if reports.len() == 1 && !bad {
