@@ -33,12 +33,7 @@ const MAX_PAGES: usize = 20;
 
 /// vramguard's answers in kubectl: will it fit, why does it wait, where is room.
 #[derive(Debug, Parser)]
-#[command(
-    name = "kubectl-vramguard",
-    bin_name = "kubectl vramguard",
-    version,
-    about
-)]
+#[command(name = "kubectl-vramguard", bin_name = "kubectl vramguard", version)]
 pub struct KubectlCli {
     /// The kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, global = true, value_name = "FILE")]
