@@ -462,7 +462,7 @@ fn two_gpus_give_two_verdicts() {
     }
 
     let table = estimate(small().as_bytes(), &["--gpus", "a10g,h100-80gb"]);
-    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert_eq!(table.code, run.code, "{}", table.stderr);
     assert!(table.stdout.contains("a10g"), "{}", table.stdout);
     assert!(table.stdout.contains("h100-80gb"), "{}", table.stdout);
 }
@@ -746,4 +746,502 @@ fn a_job_not_judged_or_with_a_bad_annotation_exits_2_saying_why() {
         "{}",
         run.stderr
     );
+}
+
+/// `vramguard <args>` with `input` on standard input.
+fn run_with_stdin(args: &[&str], input: &[u8]) -> Run {
+    let mut child = command(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(input)
+        .expect("the child reads stdin");
+    finish(child.wait_with_output().expect("the child exits"), args)
+}
+
+fn run(args: &[&str]) -> Run {
+    finish(command(args).output().expect("the binary runs"), args)
+}
+
+const QLORA_YAML: &str = "model: {preset: llama-3.1-8b}
+training: {mode: qlora, microBatchSize: 2, sequenceLength: 4096, precision: bf16, gradientCheckpointing: full, lora: {rank: 16, targetModules: [q_proj, v_proj]}}
+parallelism: {gpus: 1}
+fitPolicy: {mode: Adjust, allow: [microBatchSize, loss]}";
+
+const QLORA_FLAGS: &[&str] = &[
+    "--model",
+    "llama-3.1-8b",
+    "--mode",
+    "qlora",
+    "--micro-batch",
+    "2",
+    "--seq",
+    "4096",
+    "--precision",
+    "bf16",
+    "--gradient-checkpointing",
+    "full",
+    "--lora-rank",
+    "16",
+    "--lora-target-modules",
+    "q_proj,v_proj",
+    "--parallelism-gpus",
+    "1",
+    "--fit-policy-mode",
+    "Adjust",
+    "--allow",
+    "microBatchSize,loss",
+];
+
+/// The flags make the same job as the YAML: the same estimate, verdict and plan.
+#[test]
+fn flags_estimate_the_same_job_as_yaml() {
+    let from_yaml = estimate(
+        job("llama-3-1-8b-qlora", QLORA_YAML).as_bytes(),
+        &["--gpu", "rtx-4090", "-o", "json"],
+    );
+    let mut args = vec!["estimate", "--gpu", "rtx-4090", "-o", "json"];
+    args.extend_from_slice(QLORA_FLAGS);
+    let from_flags = run(&args);
+    assert_eq!(from_flags.code, from_yaml.code, "{}", from_flags.stderr);
+    let (a, b) = (json(&from_yaml), json(&from_flags));
+    assert_eq!(a["estimate"], b["estimate"]);
+    assert_eq!(a["verdicts"], b["verdicts"]);
+    assert_eq!(b["name"], "llama-3-1-8b-qlora");
+    assert_eq!(b["verdicts"][0]["gpu"], "rtx-4090");
+}
+
+/// `--print-spec` prints a TrainingJob that, read back with `-f -`, is the same job.
+#[test]
+fn print_spec_round_trips_through_f() {
+    let mut args = vec!["estimate", "--print-spec"];
+    args.extend_from_slice(QLORA_FLAGS);
+    let printed = run(&args);
+    assert_eq!(printed.code, 0, "{}", printed.stderr);
+    assert!(
+        printed
+            .stdout
+            .starts_with("apiVersion: vramguard.io/v1alpha1\nkind: TrainingJob\n"),
+        "{}",
+        printed.stdout
+    );
+    let back = run_with_stdin(
+        &["estimate", "-f", "-", "--gpu", "rtx-4090", "-o", "json"],
+        printed.stdout.as_bytes(),
+    );
+    let mut args = vec!["estimate", "--gpu", "rtx-4090", "-o", "json"];
+    args.extend_from_slice(QLORA_FLAGS);
+    let direct = run(&args);
+    assert_eq!(back.code, direct.code, "{}", back.stderr);
+    assert_eq!(json(&back)["estimate"], json(&direct)["estimate"]);
+}
+
+/// Bad flag values go through the YAML validator: every problem at once, each naming the
+/// field's path and the flag that set it; exit 2, nothing printed.
+#[test]
+fn bad_flags_name_the_field_and_the_flag() {
+    let run = run(&[
+        "estimate",
+        "--model",
+        "llama-3.1-8b",
+        "--micro-batch",
+        "two",
+        "--precision",
+        "bf17",
+        "--print-spec",
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    for needle in [
+        "spec.training.microBatchSize",
+        "(set by --micro-batch-size)",
+        "spec.training.precision",
+        "bf16-mixed",
+        "(set by --precision)",
+    ] {
+        assert!(run.stderr.contains(needle), "{needle}:\n{}", run.stderr);
+    }
+    // A model the catalog lacks: the same message as in a file.
+    let unknown = run_flags_error(&["--model", "llama-9"]);
+    assert!(unknown.contains("spec.model.preset"), "{unknown}");
+    // A cross-field rule of the validator.
+    let cross = run_flags_error(&["--model", "gpt2", "--mode", "full", "--quantization", "nf4"]);
+    assert!(cross.contains("spec.training.quantization"), "{cross}");
+    // No model at all.
+    let none = run_flags_error(&["--micro-batch", "2"]);
+    assert!(
+        none.contains("-f FILE") && none.contains("--model"),
+        "{none}"
+    );
+}
+
+fn run_flags_error(flags: &[&str]) -> String {
+    let mut args = vec!["estimate"];
+    args.extend_from_slice(flags);
+    let r = run(&args);
+    assert_eq!(r.code, 2, "{flags:?}: {}", r.stderr);
+    r.stderr
+}
+
+/// `--hf-config FILE` estimates any Hugging Face model; the same config under
+/// `spec.model.hfConfig` in YAML gives the same numbers; a file that is not a JSON object
+/// is refused by name.
+#[test]
+fn hf_config_file_is_the_model() {
+    let config = r#"{"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "vocab_size": 151936, "tie_word_embeddings": true, "max_position_embeddings": 32768}"#;
+    let file = TempFile::new(config.as_bytes());
+    let path = file.0.to_str().expect("UTF-8 path");
+    let flags = run(&[
+        "estimate",
+        "--hf-config",
+        path,
+        "--mode",
+        "full",
+        "--seq",
+        "1024",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(flags.code, 0, "{}", flags.stderr);
+    let yaml = estimate(
+        job(
+            "qwen2-full",
+            &format!(
+                "model: {{hfConfig: {config}}}\ntraining: {{mode: full, sequenceLength: 1024}}"
+            )
+            .replace('\n', " ")
+            .replacen(" training:", "\ntraining:", 1),
+        )
+        .as_bytes(),
+        &["-o", "json"],
+    );
+    assert_eq!(yaml.code, 0, "{}", yaml.stderr);
+    assert_eq!(json(&flags)["estimate"], json(&yaml)["estimate"]);
+    assert_eq!(json(&flags)["name"], "qwen2-full");
+
+    let bad = TempFile::new(b"[1, 2]");
+    let err = run_flags_error(&["--hf-config", bad.0.to_str().expect("UTF-8 path")]);
+    assert!(
+        err.contains("--hf-config") && err.contains("not a JSON object"),
+        "{err}"
+    );
+}
+
+/// With `-f`, a flag overrides that field of the file's job.
+#[test]
+fn flags_override_the_file() {
+    let base = estimate(small().as_bytes(), &["-o", "json"]);
+    let bigger = estimate(
+        small().as_bytes(),
+        &["-o", "json", "--micro-batch-size", "16"],
+    );
+    assert_eq!(base.code, 0, "{}", base.stderr);
+    assert_eq!(bigger.code, 0, "{}", bigger.stderr);
+    assert!(
+        u64_at(&json(&bigger), "/estimate/perGpuBytes")
+            > u64_at(&json(&base), "/estimate/perGpuBytes")
+    );
+    let printed = estimate(
+        small().as_bytes(),
+        &["--micro-batch-size", "16", "--print-spec"],
+    );
+    assert!(
+        printed.stdout.contains("microBatchSize: 16"),
+        "{}",
+        printed.stdout
+    );
+    assert!(printed.stdout.contains("name: small"), "{}", printed.stdout);
+}
+
+/// The job of the `max` tests, as flags: no globalBatchSize, so that `estimate` with a
+/// micro-batch flag keeps the accumulation the search kept.
+const MAX_JOB: &[&str] = &[
+    "--model",
+    "llama-3.1-8b",
+    "--mode",
+    "lora",
+    "--precision",
+    "bf16",
+    "--micro-batch",
+    "4",
+    "--seq",
+    "1024",
+    "--allow",
+    "microBatchSize,loss,gradientCheckpointing",
+];
+
+/// `estimate`'s exit code for MAX_JOB on `gpu` with `extra` flags (later flags win).
+fn estimate_code(gpu: &str, extra: &[&str]) -> i32 {
+    let mut args = vec!["estimate", "--gpu", gpu];
+    args.extend_from_slice(MAX_JOB);
+    args.extend_from_slice(extra);
+    let r = run(&args);
+    assert!(r.code == 0 || r.code == 1, "{args:?}: {}", r.stderr);
+    r.code
+}
+
+/// `max` answers the boundary: the largest micro-batch n and the longest sequence s fit
+/// (estimate exits 0), n+1 and s+1 do not (exit 1), as written and with each change.
+#[test]
+fn max_answers_the_boundary() {
+    let gpu = "a100-40gb";
+    let mut args = vec!["max", "--gpu", gpu, "-o", "json"];
+    args.extend_from_slice(MAX_JOB);
+    let r = run(&args);
+    assert!(r.code == 0 || r.code == 1, "{}", r.stderr);
+    let v = json(&r);
+    let rows = v["rows"].as_array().expect("rows");
+    let changes: Vec<&str> = rows
+        .iter()
+        .map(|r| r["change"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(changes[0], "as written");
+    assert!(changes.contains(&"loss: standard → chunked"), "{changes:?}");
+    assert!(
+        changes.contains(&"gradientCheckpointing: none → full"),
+        "{changes:?}"
+    );
+    assert!(
+        !changes.iter().any(|c| c.starts_with("optimizer")),
+        "not allowed: {changes:?}"
+    );
+    let mut checked = 0;
+    for row in rows {
+        let change = row["change"].as_str().expect("change");
+        let flags: Vec<&str> = match change {
+            "as written" => vec![],
+            "loss: standard → chunked" => vec!["--loss", "chunked"],
+            "gradientCheckpointing: none → full" => vec!["--gradient-checkpointing", "full"],
+            "gradientCheckpointing: none → selective" => {
+                vec!["--gradient-checkpointing", "selective"]
+            }
+            _ => continue,
+        };
+        for (key, flag) in [
+            ("microBatchSize", "--micro-batch-size"),
+            ("sequenceLength", "--seq"),
+        ] {
+            assert_eq!(row[key]["capped"], false, "{change}: {row}");
+            let n = u64_at(&row[key], "/value");
+            let (at, above) = (n.to_string(), (n + 1).to_string());
+            let mut fits = flags.clone();
+            fits.extend([flag, at.as_str()]);
+            let mut over = flags.clone();
+            over.extend([flag, above.as_str()]);
+            assert_eq!(
+                estimate_code(gpu, &fits),
+                0,
+                "{change}: {flag} {n} should fit"
+            );
+            assert_eq!(
+                estimate_code(gpu, &over),
+                1,
+                "{change}: {flag} {} should not",
+                n + 1
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked} boundaries checked");
+    // A change buys a larger batch than as written.
+    let best = rows
+        .iter()
+        .filter_map(|r| r["microBatchSize"]["value"].as_u64())
+        .max()
+        .expect("some micro-batch fits");
+    assert!(best > u64_at(&rows[0], "/microBatchSize/value"), "{v}");
+}
+
+/// The exit code says whether the job fits as written, and the table names the GPU.
+#[test]
+fn max_exit_code_and_table() {
+    let mut args = vec![
+        "max",
+        "--gpu",
+        "h100-80gb",
+        "--model",
+        "gpt2",
+        "--micro-batch",
+        "4",
+        "--seq",
+        "1024",
+    ];
+    let fits = run(&args);
+    assert_eq!(fits.code, 0, "{}", fits.stderr);
+    assert!(
+        fits.stdout.contains("on h100-80gb") && fits.stdout.contains("as written"),
+        "{}",
+        fits.stdout
+    );
+    args.extend(["--micro-batch", "100000"]);
+    let too_big = run(&args);
+    assert_eq!(too_big.code, 1, "{}", too_big.stderr);
+    let bad = run(&[
+        "max",
+        "--gpu",
+        "h100-80gb",
+        "--model",
+        "gpt2",
+        "--seq",
+        "zero",
+    ]);
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("spec.training.sequenceLength"),
+        "{}",
+        bad.stderr
+    );
+}
+
+/// The attributes of every `name` element of an SVG document, parsed.
+fn svg_elements(text: &str, name: &str) -> Vec<std::collections::HashMap<String, String>> {
+    use svg::parser::Event;
+    svg::read(text)
+        .expect("the SVG parses")
+        .filter_map(|e| match e {
+            Event::Tag(n, t, attrs) if n == name && t != svg::node::element::tag::Type::End => {
+                Some(
+                    attrs
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.to_string()))
+                        .collect(),
+                )
+            }
+            Event::Error(e) => panic!("SVG error: {e}"),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `-o svg`: one range band per phase of the step (as many as `-o json` lists), stacked
+/// component bars in each, the GPU's usable memory as one line at its height, and `--plot`
+/// writes the same picture while the table goes to standard output.
+#[test]
+fn svg_has_a_band_per_phase_and_the_gpu_line() {
+    let spec = job(
+        "llama-3-1-8b-lora",
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 2, sequenceLength: 2048}",
+    );
+    let run = estimate(spec.as_bytes(), &["--gpu", "a100-80gb", "-o", "svg"]);
+    // The picture whatever the verdict; the exit code is the verdict's.
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    assert!(
+        run.stdout.starts_with("<svg"),
+        "{}",
+        &run.stdout[..run.stdout.len().min(200)]
+    );
+    let phases: Vec<String> = json(&estimate(
+        spec.as_bytes(),
+        &["--gpu", "a100-80gb", "-o", "json"],
+    ))["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["phase"].as_str().expect("name").to_string())
+        .collect();
+    assert!(phases.len() >= 4, "{phases:?}");
+    let rects = svg_elements(&run.stdout, "rect");
+    let class =
+        |r: &std::collections::HashMap<String, String>| r.get("class").cloned().unwrap_or_default();
+    let bands: Vec<_> = rects.iter().filter(|r| class(r) == "range").collect();
+    assert_eq!(bands.len(), phases.len(), "one band per phase");
+    let components: Vec<_> = rects.iter().filter(|r| class(r) == "component").collect();
+    assert!(
+        components.len() >= 2 * phases.len(),
+        "stacked bars: {}",
+        components.len()
+    );
+    for c in ["weights", "activations"] {
+        assert!(
+            components
+                .iter()
+                .any(|r| r.get("data-component").map(String::as_str) == Some(c)),
+            "{c}"
+        );
+    }
+    let groups = svg_elements(&run.stdout, "g");
+    let drawn: Vec<String> = groups
+        .iter()
+        .filter_map(|g| g.get("data-phase").cloned())
+        .collect();
+    assert_eq!(drawn, phases, "the phases in step order");
+    let lines: Vec<_> = svg_elements(&run.stdout, "line")
+        .into_iter()
+        .filter(|l| l.get("class").map(String::as_str) == Some("usable"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one GPU line");
+    assert_eq!(lines[0]["y1"], lines[0]["y2"], "horizontal");
+    assert!(
+        run.stdout.contains("a100-80gb usable"),
+        "the line is labelled"
+    );
+
+    let file = TempFile::new(b"");
+    let path = file.0.to_str().expect("UTF-8").to_string();
+    let table = estimate(
+        spec.as_bytes(),
+        &["--gpu", "a100-80gb", "--plot", path.as_str()],
+    );
+    assert_eq!(table.code, run.code, "{}", table.stderr);
+    assert!(table.stdout.contains("peak allocated"), "{}", table.stdout);
+    let written = std::fs::read_to_string(&file.0).expect("--plot wrote the file");
+    assert_eq!(written, run.stdout);
+    // Two jobs make no one picture.
+    let two = format!("{}---\n{}", small(), huge());
+    let many = estimate(two.as_bytes(), &["-o", "svg"]);
+    assert_eq!(many.code, 2);
+    assert!(many.stderr.contains("one job"), "{}", many.stderr);
+}
+
+/// `simulate` shows progress on standard error when asked (a terminal, or `--progress
+/// always`), and nothing in a pipe by default.
+#[test]
+fn simulate_progress_only_when_asked_or_on_a_terminal() {
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/scenarios/burst.yaml");
+    let quiet = run(&["simulate", "-f", scenario, "-o", "json"]);
+    assert!(quiet.code == 0 || quiet.code == 1, "{}", quiet.stderr);
+    assert!(
+        !quiet.stderr.contains('\r') && !quiet.stderr.contains("simulate:"),
+        "{}",
+        quiet.stderr
+    );
+    let shown = run(&[
+        "simulate",
+        "-f",
+        scenario,
+        "-o",
+        "json",
+        "--progress",
+        "always",
+    ]);
+    assert_eq!(shown.code, quiet.code, "{}", shown.stderr);
+    assert!(
+        shown.stderr.contains("\r\x1b[2Ksimulate: "),
+        "{:?}",
+        shown.stderr
+    );
+    assert!(
+        shown.stderr.contains("jobs submitted"),
+        "{:?}",
+        shown.stderr
+    );
+    assert!(
+        shown.stderr.ends_with("\r\x1b[2K"),
+        "the line is cleared at the end"
+    );
+    // The report is the same with or without the progress line.
+    let (mut a, mut b) = (json(&quiet), json(&shown));
+    for v in [&mut a, &mut b] {
+        v["summary"]["wallSeconds"] = Value::Null;
+    }
+    assert_eq!(a["summary"], b["summary"]);
+    assert_eq!(a["invariants"], b["invariants"]);
 }

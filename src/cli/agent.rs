@@ -142,6 +142,7 @@ fn render(status: &GpuNodeStatus, output: OutputFormat) -> anyhow::Result<String
             serde_saphyr::to_string(status).context("encoding the probe as YAML")?
         }
         OutputFormat::Table => render_table(status),
+        OutputFormat::Svg => anyhow::bail!("-o svg is for estimate; use table, json or yaml"),
     })
 }
 

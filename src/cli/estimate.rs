@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use super::spec_flags::SpecFlags;
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
 use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
 use crate::decide::{self, Choice};
@@ -22,19 +23,23 @@ pub enum OutputFormat {
     Table,
     Json,
     Yaml,
+    /// `estimate` only: the step as a picture (one job).
+    Svg,
 }
 
 /// Arguments of `vramguard estimate`.
 #[derive(Debug, Clone, Args)]
 pub struct EstimateArgs {
-    /// TrainingJob YAML, or a batch/v1 Job, JobSet, TrainJob or PyTorchJob (one or several documents); `-` reads standard input.
+    /// TrainingJob YAML, or a batch/v1 Job, JobSet, TrainJob or PyTorchJob (one or several
+    /// documents); `-` reads standard input. Without it, the job is given by flags (`--model`,
+    /// `--hf-config`, ...).
     #[arg(
         short = 'f',
         long = "file",
         env = "VRAMGUARD_FILE",
         value_name = "FILE"
     )]
-    pub file: PathBuf,
+    pub file: Option<PathBuf>,
     /// GPU product to check against (see the README for the catalog).
     #[arg(
         long,
@@ -67,6 +72,15 @@ pub struct EstimateArgs {
         value_name = "KEY,KEY,..."
     )]
     pub tolerate: Vec<String>,
+    /// Print the TrainingJob (YAML, ready for `kubectl apply -f -`) that the flags and `-f`
+    /// make, once it is valid, instead of estimating it.
+    #[arg(long)]
+    pub print_spec: bool,
+    /// Also write the picture of the step (what `-o svg` prints) to FILE (one job).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub spec: SpecFlags,
 }
 
 /// One GPU's verdict for a job.
@@ -426,29 +440,78 @@ pub fn reports_from_text(
     targets: &[&'static GpuProduct],
 ) -> Result<Vec<Result<JobReport, DocumentError>>, String> {
     let docs = parse::documents(text).map_err(|e| e.to_string())?;
-    let many = docs.len() > 1;
-    let mut out = Vec::new();
-    for (i, doc) in docs.into_iter().enumerate() {
-        let name = parse::document_name(&doc);
-        let location = match (&name, many) {
-            (Some(n), true) => format!("document {} ({n})", i + 1),
-            (None, true) => format!("document {}", i + 1),
-            (Some(n), false) => n.clone(),
-            (None, false) => "document".to_string(),
-        };
-        let result = match kinds::Kind::of_document(&doc) {
-            Some(kind) => other_kind(kind, &doc, name.clone(), targets),
-            None => parse::training_job(doc)
-                .map_err(|e| e.to_string())
-                .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
-                .and_then(|job| report(&job, name.clone(), targets)),
-        };
-        out.push(result.map_err(|message| DocumentError {
-            location: location.clone(),
-            message,
-        }));
+    Ok(reports_from_documents(docs, targets, &SpecFlags::default()))
+}
+
+/// Where a document is, for messages.
+fn location(i: usize, many: bool, name: &Option<String>) -> String {
+    match (name, many) {
+        (Some(n), true) => format!("document {} ({n})", i + 1),
+        (None, true) => format!("document {}", i + 1),
+        (Some(n), false) => n.clone(),
+        (None, false) => "document".to_string(),
     }
-    Ok(out)
+}
+
+/// Parse and validate every document, as the webhook would; the errors name the field (and
+/// the flag that set it).
+pub fn validate_documents(
+    docs: Vec<serde_json::Value>,
+    flags: &SpecFlags,
+) -> Vec<Result<(Option<String>, ValidatedJob), DocumentError>> {
+    let many = docs.len() > 1;
+    docs.into_iter()
+        .enumerate()
+        .map(|(i, doc)| validate_document(i, many, doc, flags))
+        .collect()
+}
+
+/// One document of `validate_documents`.
+fn validate_document(
+    i: usize,
+    many: bool,
+    doc: serde_json::Value,
+    flags: &SpecFlags,
+) -> Result<(Option<String>, ValidatedJob), DocumentError> {
+    let name = parse::document_name(&doc);
+    parse::training_job(doc)
+        .map_err(|e| e.to_string())
+        .and_then(|tj| api::validate_job(&tj).map_err(|e| e.to_string()))
+        .map(|job| (name.clone(), job))
+        .map_err(|message| DocumentError {
+            location: location(i, many, &name),
+            message: flags.annotate(&message),
+        })
+}
+
+/// Parse, validate and estimate every document: TrainingJobs, and Jobs, JobSets,
+/// TrainJobs and PyTorchJobs read by `kinds`.
+pub fn reports_from_documents(
+    docs: Vec<serde_json::Value>,
+    targets: &[&'static GpuProduct],
+    flags: &SpecFlags,
+) -> Vec<Result<JobReport, DocumentError>> {
+    let many = docs.len() > 1;
+    docs.into_iter()
+        .enumerate()
+        .map(|(i, doc)| {
+            if let Some(kind) = kinds::Kind::of_document(&doc) {
+                let name = parse::document_name(&doc);
+                return other_kind(kind, &doc, name.clone(), targets).map_err(|message| {
+                    DocumentError {
+                        location: location(i, many, &name),
+                        message,
+                    }
+                });
+            }
+            validate_document(i, many, doc, flags).and_then(|(name, job)| {
+                report(&job, name.clone(), targets).map_err(|message| DocumentError {
+                    location: name.unwrap_or_else(|| "document".to_string()),
+                    message,
+                })
+            })
+        })
+        .collect()
 }
 
 /// Read a Job, JobSet, TrainJob or PyTorchJob (`kinds`) and estimate it.
@@ -474,15 +537,42 @@ fn other_kind(
     }
 }
 
-fn read_input(args: &EstimateArgs, stdin: &mut dyn Read) -> Result<String, String> {
+/// The documents `-f` and the flags give, and what to call their source in messages.
+pub fn job_documents(
+    file: Option<&std::path::Path>,
+    flags: &SpecFlags,
+    stdin: &mut dyn Read,
+) -> Result<(String, Vec<serde_json::Value>), String> {
+    let Some(file) = file else {
+        return Ok(("flags".to_string(), vec![flags.document()?]));
+    };
+    let source = file.display().to_string();
+    let text = read_input(file, stdin)?;
+    let mut docs = parse::documents(&text).map_err(|e| format!("{source}: {e}"))?;
+    for doc in &mut docs {
+        if kinds::Kind::of_document(doc).is_some() {
+            if !flags.is_empty() {
+                return Err(format!(
+                    "{source}: the spec flags set TrainingJob fields; a {} is read from its own fields, its vramguard.io/training annotation or its command line",
+                    doc.get("kind").and_then(|k| k.as_str()).unwrap_or("job")
+                ));
+            }
+            continue;
+        }
+        flags.apply(doc)?;
+    }
+    Ok((source, docs))
+}
+
+fn read_input(file: &std::path::Path, stdin: &mut dyn Read) -> Result<String, String> {
     let mut bytes = Vec::new();
-    let source = args.file.display().to_string();
+    let source = file.display().to_string();
     if source == "-" {
         stdin
             .read_to_end(&mut bytes)
             .map_err(|e| format!("reading standard input: {e}"))?;
     } else {
-        bytes = std::fs::read(&args.file).map_err(|e| format!("{source}: {e}"))?;
+        bytes = std::fs::read(file).map_err(|e| format!("{source}: {e}"))?;
     }
     String::from_utf8(bytes).map_err(|e| {
         format!(
@@ -492,6 +582,42 @@ fn read_input(args: &EstimateArgs, stdin: &mut dyn Read) -> Result<String, Strin
     })
 }
 
+/// `--print-spec`: every document as YAML once all are valid; exit 0, or 2 with every problem.
+fn print_spec(
+    source: &str,
+    docs: Vec<serde_json::Value>,
+    flags: &SpecFlags,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let mut bad = false;
+    for r in validate_documents(docs.clone(), flags) {
+        if let Err(e) = r {
+            bad = true;
+            for line in e.message.lines() {
+                let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
+            }
+        }
+    }
+    if bad {
+        return EXIT_BAD_INPUT;
+    }
+    for (i, doc) in docs.iter().enumerate() {
+        let text = match serde_saphyr::to_string(doc) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = writeln!(err, "error: writing the spec: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        };
+        let sep = if i > 0 { "---\n" } else { "" };
+        if write!(out, "{sep}{text}").is_err() {
+            return EXIT_BAD_INPUT;
+        }
+    }
+    EXIT_FITS
+}
+
 /// Run `estimate`; returns the exit code.
 pub fn run_estimate(
     args: &EstimateArgs,
@@ -499,7 +625,6 @@ pub fn run_estimate(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let source = args.file.display().to_string();
     let cluster = match args.cluster.as_deref().map(read_cluster).transpose() {
         Ok(c) => c,
         Err(e) => {
@@ -516,20 +641,19 @@ pub fn run_estimate(
             return EXIT_BAD_INPUT;
         }
     };
-    let text = match read_input(args, stdin) {
-        Ok(t) => t,
+    let (source, docs) = match job_documents(args.file.as_deref(), &args.spec, stdin) {
+        Ok(d) => d,
         Err(e) => {
-            let _ = writeln!(err, "error: {e}");
+            for line in e.lines() {
+                let _ = writeln!(err, "error: {line}");
+            }
             return EXIT_BAD_INPUT;
         }
     };
-    let results = match reports_from_text(&text, &targets) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(err, "error: {source}: {e}");
-            return EXIT_BAD_INPUT;
-        }
-    };
+    if args.print_spec {
+        return print_spec(&source, docs, &args.spec, out, err);
+    }
+    let results = reports_from_documents(docs, &targets, &args.spec);
     let mut bad = false;
     let mut reports = Vec::new();
     for r in results {
@@ -549,7 +673,40 @@ pub fn run_estimate(
         let _ = writeln!(err, "error: {source}: {e}");
         return EXIT_BAD_INPUT;
     }
+    let picture = args.output == OutputFormat::Svg || args.plot.is_some();
+    let svg = match (picture, reports.as_slice()) {
+        (false, _) => None,
+        (true, [one]) if !bad => match &one.job {
+            Some(job) => {
+                let name = one.name.as_deref().unwrap_or("job");
+                match super::plot::step_svg(job, name, targets[0]) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        let _ = writeln!(err, "error: drawing the step: {e}");
+                        return EXIT_BAD_INPUT;
+                    }
+                }
+            }
+            None => None,
+        },
+        (true, _) if bad => return EXIT_BAD_INPUT,
+        (true, many) => {
+            let _ = writeln!(
+                err,
+                "error: -o svg and --plot draw one job; {source} holds {}",
+                many.len()
+            );
+            return EXIT_BAD_INPUT;
+        }
+    };
+    if let (Some(path), Some(svg)) = (&args.plot, &svg)
+        && let Err(e) = std::fs::write(path, svg)
+    {
+        let _ = writeln!(err, "error: --plot {}: {e}", path.display());
+        return EXIT_BAD_INPUT;
+    }
     let written = match args.output {
+        OutputFormat::Svg => out.write_all(svg.unwrap_or_default().as_bytes()),
         OutputFormat::Table => render::table(&reports, out),
         OutputFormat::Json => {
             let text = if reports.len() == 1 && !bad {

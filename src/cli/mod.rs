@@ -4,9 +4,13 @@
 pub mod agent;
 pub mod crds;
 pub mod estimate;
+pub mod kubectl;
+pub mod max;
+mod plot;
 mod render;
 pub mod serve;
 pub mod simulate;
+pub mod spec_flags;
 
 use std::process::ExitCode;
 
@@ -51,6 +55,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Estimate per-GPU memory of TrainingJobs and check them against GPUs.
     Estimate(EstimateArgs),
+    /// The largest micro-batch and longest sequence a job fits with on a GPU, as written and
+    /// after each change its fit policy lists.
+    Max(max::MaxArgs),
     /// Print the CustomResourceDefinitions (YAML) to apply to a cluster, or with
     /// --reference every TrainingJob field as Markdown.
     Crds(crds::CrdsArgs),
@@ -77,6 +84,16 @@ pub fn main() -> ExitCode {
                 &mut stderr.lock(),
             )
         }
+        Command::Max(args) => {
+            let stdout = std::io::stdout();
+            let stderr = std::io::stderr();
+            max::run(
+                &args,
+                &mut std::io::stdin().lock(),
+                &mut stdout.lock(),
+                &mut stderr.lock(),
+            )
+        }
         Command::Crds(args) => crds::run(&args, &mut std::io::stdout().lock()),
         Command::Serve(args) => run_async(cli.log_format, serve::run(args)),
         Command::Agent(args) => run_async(cli.log_format, agent::run(args)),
@@ -84,12 +101,12 @@ pub fn main() -> ExitCode {
             // The simulated operator and agents log like real ones: warnings only.
             init_tracing_at(cli.log_format, "warn");
             let stdout = std::io::stdout();
-            let stderr = std::io::stderr();
+            // Not locked: the progress line is written from another thread.
             simulate::run(
                 &args,
                 &mut std::io::stdin().lock(),
                 &mut stdout.lock(),
-                &mut stderr.lock(),
+                &mut std::io::stderr(),
             )
         }
     };

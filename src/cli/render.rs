@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 
 use super::estimate::JobReport;
+use crate::api::EstimateStatus;
 use crate::estimate::{GIB, breakdown_entries};
 use crate::plan::PlaceOutcome;
 
@@ -32,11 +33,23 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
                 )?;
             }
         }
+        estimate_block(&r.estimate, out)?;
+        writeln!(out, "  {}", r.explanation.summary)?;
+        if let Some(i) = &r.explanation.interval {
+            writeln!(out, "  {i}")?;
+        }
+        verdicts(r, out)?;
+    }
+    Ok(())
+}
+
+/// The components, the three totals with their range, and the largest tensor.
+pub fn estimate_block(e: &EstimateStatus, out: &mut dyn Write) -> io::Result<()> {
+    {
         writeln!(out, "  {:<22}{:>8}", "component", "GiB")?;
-        for (name, bytes) in breakdown_entries(&r.estimate.breakdown) {
+        for (name, bytes) in breakdown_entries(&e.breakdown) {
             writeln!(out, "  {name:<22}{}", g(bytes))?;
         }
-        let e = &r.estimate;
         let u = e.upper.unwrap_or_default();
         let l = e.lower.unwrap_or_default();
         let totals = [
@@ -81,10 +94,12 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
             "largest tensor",
             g(e.largest_tensor_bytes)
         )?;
-        writeln!(out, "  {}", r.explanation.summary)?;
-        if let Some(i) = &r.explanation.interval {
-            writeln!(out, "  {i}")?;
-        }
+    }
+    Ok(())
+}
+
+fn verdicts(r: &JobReport, out: &mut dyn Write) -> io::Result<()> {
+    {
         writeln!(
             out,
             "  {:<18}{:>12}{:>16}  verdict",

@@ -29,6 +29,72 @@ pub struct SimulateArgs {
     /// Timeline lines shown in the table output.
     #[arg(long, env = "VRAMGUARD_TIMELINE_LINES", default_value_t = 40)]
     pub timeline_lines: usize,
+    /// A progress line on standard error: auto (only when it is a terminal), always, never.
+    #[arg(long, env = "VRAMGUARD_PROGRESS", value_enum, default_value_t = ProgressMode::Auto)]
+    pub progress: ProgressMode,
+}
+
+/// When `simulate` shows its progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// `1d 2h`, `3h 12m`, `45m 10s`, `30s`.
+pub fn short_duration(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    let (d, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    if d > 0 {
+        format!("{d}d {h}h")
+    } else if h > 0 {
+        format!("{h}h {m}m")
+    } else if m > 0 {
+        format!("{m}m {sec}s")
+    } else {
+        format!("{sec}s")
+    }
+}
+
+/// The progress line.
+pub fn progress_line(p: &simulate::Progress, horizon: f64, jobs: usize, wall: f64) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    if p.live_done.load(Relaxed) {
+        return format!("simulate: the same scenario with vramguard off · {wall:.1} s");
+    }
+    let at = p.simulated_ms.load(Relaxed) as f64 / 1000.0;
+    format!(
+        "simulate: {} of {} simulated · {} of {jobs} jobs submitted · {wall:.1} s",
+        short_duration(at),
+        short_duration(horizon),
+        p.submitted.load(Relaxed),
+    )
+}
+
+/// Rewrite the progress line on standard error every 200 ms until `done`, then clear it.
+fn show_progress(
+    p: &simulate::Progress,
+    done: &std::sync::atomic::AtomicBool,
+    horizon: f64,
+    jobs: usize,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let started = std::time::Instant::now();
+    let mut err = std::io::stderr();
+    loop {
+        let line = progress_line(p, horizon, jobs, started.elapsed().as_secs_f64());
+        let _ = write!(err, "\r\x1b[2K{line}");
+        let _ = err.flush();
+        for _ in 0..4 {
+            if done.load(Relaxed) {
+                let _ = write!(err, "\r\x1b[2K");
+                let _ = err.flush();
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 }
 
 /// Run `simulate`; returns the exit code.
@@ -42,6 +108,7 @@ pub fn run(
         file,
         output,
         timeline_lines,
+        progress,
     } = args;
     let text = if file.as_os_str() == "-" {
         let mut s = String::new();
@@ -68,7 +135,23 @@ pub fn run(
             return EXIT_BAD_INPUT;
         }
     };
-    let report = match simulate::run(&scenario) {
+    let show = match progress {
+        ProgressMode::Always => true,
+        ProgressMode::Never => false,
+        // CI logs and pipes stay clean.
+        ProgressMode::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let state = simulate::Progress::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        if show {
+            s.spawn(|| show_progress(&state, &done, scenario.horizon, scenario.arrivals.len()));
+        }
+        let r = simulate::run_with_progress(&scenario, &state);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    });
+    let report = match result {
         Ok(r) => r,
         Err(e) => {
             let _ = writeln!(err, "error: {e}");
@@ -76,6 +159,13 @@ pub fn run(
         }
     };
     let written = match output {
+        OutputFormat::Svg => {
+            let _ = writeln!(
+                err,
+                "error: -o svg is for estimate; use table, json or yaml"
+            );
+            return EXIT_BAD_INPUT;
+        }
         OutputFormat::Table => out.write_all(report.text(*timeline_lines).as_bytes()),
         OutputFormat::Json => serde_json::to_string_pretty(&report)
             .map_err(std::io::Error::other)

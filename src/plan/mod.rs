@@ -4,6 +4,7 @@
 
 mod advice;
 pub mod cost;
+pub mod max;
 pub mod place;
 pub mod settings;
 pub mod shrink;

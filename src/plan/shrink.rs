@@ -125,15 +125,15 @@ struct Combo {
 }
 
 /// The values each knob may take (the written one first).
-struct Options {
-    precision: Vec<Precision>,
-    checkpointing: Vec<Checkpointing>,
-    optimizer: Vec<Optimizer>,
-    zero_stage: Vec<u8>,
-    loss: Vec<Loss>,
+pub(super) struct Options {
+    pub(super) precision: Vec<Precision>,
+    pub(super) checkpointing: Vec<Checkpointing>,
+    pub(super) optimizer: Vec<Optimizer>,
+    pub(super) zero_stage: Vec<u8>,
+    pub(super) loss: Vec<Loss>,
 }
 
-fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
+pub(super) fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
     let t = &job.spec.training;
     let p = &job.spec.parallelism;
     let inference = t.mode == TrainingMode::Inference;

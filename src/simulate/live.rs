@@ -303,7 +303,13 @@ async fn sampler(cluster: Arc<Cluster>, every: f64) {
 }
 
 /// Run the scenario with vramguard on.
-pub async fn run(scenario: &Scenario, prepared: Vec<Prepared>) -> Result<Outcome, String> {
+pub async fn run(
+    scenario: &Scenario,
+    prepared: Vec<Prepared>,
+    progress: &super::Progress,
+) -> Result<Outcome, String> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let seen = |secs: f64| progress.simulated_ms.store((secs * 1000.0) as u64, Relaxed);
     let server = ApiServer::in_process(apiserver::Options {
         request_log: false,
         history_limit: Some(5_000),
@@ -387,6 +393,8 @@ pub async fn run(scenario: &Scenario, prepared: Vec<Prepared>) -> Result<Outcome
         clock.until(p.arrival.at).await;
         let mut a = submit(&webhook, &client, &p.arrival.job, i).await;
         a.at = clock.secs();
+        seen(a.at);
+        progress.submitted.fetch_add(1, Relaxed);
         let mut r = lock(&records);
         if a.allowed {
             created += 1;
@@ -405,6 +413,7 @@ pub async fn run(scenario: &Scenario, prepared: Vec<Prepared>) -> Result<Outcome
     let mut last_state = (usize::MAX, usize::MAX);
     while !horizon_hit {
         let now = clock.secs();
+        seen(now);
         if now >= horizon {
             horizon_hit = true;
             break;

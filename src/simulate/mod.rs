@@ -83,6 +83,24 @@ pub fn prepare(scenario: &Scenario) -> Vec<Prepared> {
 
 /// Run a scenario with vramguard and without; blocks the calling thread.
 pub fn run(scenario: &Scenario) -> Result<Report, String> {
+    run_with_progress(scenario, &Progress::default())
+}
+
+/// How far a run has got, updated by the run and read by another thread (the CLI's
+/// progress line). Updating it schedules nothing: the simulation runs the same with or
+/// without a reader.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Simulated time reached with vramguard on, in milliseconds.
+    pub simulated_ms: std::sync::atomic::AtomicU64,
+    /// Jobs submitted so far.
+    pub submitted: std::sync::atomic::AtomicU64,
+    /// True once the run with vramguard on is over (the baseline runs next).
+    pub live_done: std::sync::atomic::AtomicBool,
+}
+
+/// [`run`], reporting how far it has got in `progress`.
+pub fn run_with_progress(scenario: &Scenario, progress: &Progress) -> Result<Report, String> {
     let started = std::time::Instant::now();
     let prepared = prepare(scenario);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -90,7 +108,10 @@ pub fn run(scenario: &Scenario) -> Result<Report, String> {
         .start_paused(true)
         .build()
         .map_err(|e| format!("starting the simulation runtime: {e}"))?;
-    let outcome = runtime.block_on(live::run(scenario, prepared.clone()))?;
+    let outcome = runtime.block_on(live::run(scenario, prepared.clone(), progress))?;
+    progress
+        .live_done
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let wall_live = started.elapsed().as_secs_f64();
     let base = baseline::run(scenario, &prepared);
     Ok(Report::build(

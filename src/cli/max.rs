@@ -1,0 +1,233 @@
+//! `vramguard max`: the largest micro-batch and the longest sequence a job fits with on one
+//! GPU, as written and after each change its fit policy lists (`src/plan/max.rs`). Exit 0
+//! when the job fits as written, 1 when it does not, 2 on bad input.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::estimate::{OutputFormat, job_documents, validate_documents};
+use super::spec_flags::SpecFlags;
+use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS};
+use crate::api::ValidatedJob;
+use crate::estimate::{GIB, GpuProduct, gpus};
+use crate::plan::Allowance;
+use crate::plan::max::{Largest, Row, table};
+
+/// Arguments of `vramguard max`.
+#[derive(Debug, Clone, Args)]
+pub struct MaxArgs {
+    /// TrainingJob YAML (one or several documents); `-` reads standard input. Without it,
+    /// the job is given by flags.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// The GPU product.
+    #[arg(long, env = "VRAMGUARD_GPU", default_value = "h100-80gb")]
+    pub gpu: String,
+    /// Every change the planner knows, not only those `fitPolicy.allow` lists.
+    #[arg(long)]
+    pub all_changes: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    #[command(flatten)]
+    pub spec: SpecFlags,
+}
+
+/// What `max` says about one job (the `-o json` object).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MaxReport {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub model: String,
+    pub gpu: String,
+    pub usable_bytes: u64,
+    pub safety_margin: f64,
+    /// The micro-batch and sequence as written.
+    pub micro_batch_size: u64,
+    pub sequence_length: u64,
+    /// True when the job fits as written.
+    pub fits: bool,
+    pub rows: Vec<Row>,
+}
+
+fn allowance(job: &ValidatedJob, all: bool) -> Allowance {
+    if all {
+        return Allowance::all();
+    }
+    // What the job says may change, whether the webhook may change it (Adjust) or not.
+    job.spec
+        .fit_policy
+        .allow
+        .iter()
+        .fold(Allowance::none(), |a, f| a.with(*f))
+}
+
+/// The report for one job.
+pub fn report(
+    job: &ValidatedJob,
+    name: Option<String>,
+    gpu: &'static GpuProduct,
+    all_changes: bool,
+) -> Result<MaxReport, String> {
+    let rows = table(job, gpu, allowance(job, all_changes)).map_err(|e| e.to_string())?;
+    let t = &job.spec.training;
+    let fits = rows
+        .first()
+        .and_then(|r| r.micro_batch_size.value)
+        .is_some_and(|m| m >= t.micro_batch_size)
+        && rows
+            .first()
+            .and_then(|r| r.sequence_length)
+            .is_none_or(|s| s.value.is_some_and(|v| v >= t.sequence_length));
+    Ok(MaxReport {
+        name,
+        model: job.model_name.clone(),
+        gpu: gpu.name.to_string(),
+        usable_bytes: gpu.usable_bytes(),
+        safety_margin: job.spec.fit_policy.safety_margin,
+        micro_batch_size: t.micro_batch_size,
+        sequence_length: t.sequence_length,
+        fits,
+        rows,
+    })
+}
+
+fn cell(l: &Largest) -> String {
+    match (l.value, l.capped) {
+        (None, _) => "none".to_string(),
+        (Some(v), true) => format!("≥{v}"),
+        (Some(v), false) => v.to_string(),
+    }
+}
+
+fn write_table(reports: &[MaxReport], out: &mut dyn Write) -> std::io::Result<()> {
+    for (i, r) in reports.iter().enumerate() {
+        if i > 0 {
+            writeln!(out)?;
+        }
+        writeln!(
+            out,
+            "{}: {} on {} ({:.1} GiB usable, {:.0} % margin); written: micro-batch {} × {} tokens, {}",
+            r.name.as_deref().unwrap_or("job"),
+            r.model,
+            r.gpu,
+            r.usable_bytes as f64 / GIB,
+            r.safety_margin * 100.0,
+            r.micro_batch_size,
+            r.sequence_length,
+            if r.fits { "fits" } else { "does not fit" }
+        )?;
+        let width = r
+            .rows
+            .iter()
+            .map(|row| row.change.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(10);
+        writeln!(
+            out,
+            "  {:<width$}  {:>12}  {:>14}",
+            "change", "micro-batch", "sequence"
+        )?;
+        for row in &r.rows {
+            // Widths count characters (the arrows are one each).
+            writeln!(
+                out,
+                "  {:<width$}  {:>12}  {:>14}",
+                row.change,
+                cell(&row.micro_batch_size),
+                row.sequence_length.as_ref().map_or("-".to_string(), cell),
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "  micro-batch at the written sequence and accumulation; sequence at the written micro-batch"
+    )
+}
+
+/// Run `max`; returns the exit code.
+pub fn run(args: &MaxArgs, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let Some(gpu) = gpus::find(&args.gpu) else {
+        let _ = writeln!(
+            err,
+            "error: --gpu: unknown GPU {:?}; known: {}",
+            args.gpu,
+            gpus::names().collect::<Vec<_>>().join(", ")
+        );
+        return EXIT_BAD_INPUT;
+    };
+    let (source, docs) = match job_documents(args.file.as_deref(), &args.spec, stdin) {
+        Ok(d) => d,
+        Err(e) => {
+            for line in e.lines() {
+                let _ = writeln!(err, "error: {line}");
+            }
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let mut bad = false;
+    let mut reports = Vec::new();
+    for r in validate_documents(docs, &args.spec) {
+        let r = r.and_then(|(name, job)| {
+            report(&job, name.clone(), gpu, args.all_changes).map_err(|message| {
+                super::estimate::DocumentError {
+                    location: name.unwrap_or_else(|| "document".to_string()),
+                    message,
+                }
+            })
+        });
+        match r {
+            Ok(rep) => reports.push(rep),
+            Err(e) => {
+                bad = true;
+                for line in e.message.lines() {
+                    let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
+                }
+            }
+        }
+    }
+    let written = match args.output {
+        OutputFormat::Svg => {
+            let _ = writeln!(
+                err,
+                "error: -o svg is for estimate; use table, json or yaml"
+            );
+            return EXIT_BAD_INPUT;
+        }
+        OutputFormat::Table => write_table(&reports, out),
+        OutputFormat::Json => {
+            let text = if reports.len() == 1 && !bad {
+                serde_json::to_string_pretty(&reports[0])
+            } else {
+                serde_json::to_string_pretty(&reports)
+            };
+            text.map_err(std::io::Error::other)
+                .and_then(|t| writeln!(out, "{t}"))
+        }
+        OutputFormat::Yaml => {
+            let text = if reports.len() == 1 && !bad {
+                serde_saphyr::to_string(&reports[0])
+            } else {
+                serde_saphyr::to_string(&reports)
+            };
+            text.map_err(std::io::Error::other)
+                .and_then(|t| write!(out, "{t}"))
+        }
+    };
+    if let Err(e) = written {
+        let _ = writeln!(err, "error: writing output: {e}");
+        return EXIT_BAD_INPUT;
+    }
+    if bad {
+        EXIT_BAD_INPUT
+    } else if reports.iter().all(|r| r.fits) {
+        EXIT_FITS
+    } else {
+        EXIT_DOES_NOT_FIT
+    }
+}
