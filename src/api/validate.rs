@@ -419,6 +419,7 @@ fn validate_hinted(
                 _ => None,
             };
             let mut canonical: Vec<String> = Vec::new();
+            let mut unknown = 0usize;
             for (i, m) in l.target_modules.iter().enumerate() {
                 match lora_target_names(m, arch) {
                     Some(names) => {
@@ -428,19 +429,26 @@ fn validate_hinted(
                             }
                         }
                     }
-                    None => errs.push(
-                        &format!("spec.training.lora.targetModules[{i}]"),
-                        format!(
-                            "unknown module {m:?}; known: {}, or a model's own name for them ({})",
-                            LORA_TARGETS.join(", "),
-                            LORA_TARGET_ALIASES
-                                .iter()
-                                .map(|(a, _)| *a)
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ),
+                    // The first few unknown names, each with the known ones; a
+                    // list of thousands gets one line for the rest.
+                    None if unknown < 8 => {
+                        unknown += 1;
+                        errs.push(
+                            &format!("spec.training.lora.targetModules[{i}]"),
+                            format!(
+                                "unknown module {m:?}; known: {}, or a model's own name for them (c_attn, query_key_value, W_pack, c_proj, fc1, fc2, dense, ...: the field's description lists them)",
+                                LORA_TARGETS.join(", "),
+                            ),
+                        )
+                    }
+                    None => unknown += 1,
                 }
+            }
+            if unknown > 8 {
+                errs.push(
+                    "spec.training.lora.targetModules",
+                    format!("{} more unknown modules", unknown - 8),
+                );
             }
             let mut saved: Vec<String> = Vec::new();
             for (i, m) in l.modules_to_save.iter().enumerate() {
