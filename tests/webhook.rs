@@ -2,7 +2,6 @@
 //! `examples/admission/`, shaped as the API server sends them), against the
 //! static inventory of `examples/cluster.yaml`.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,91 +10,16 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls;
 use vramguard::inventory::Static;
 use vramguard::webhook::{self, AppState, Limits, tls};
 
-struct Server {
-    addr: SocketAddr,
-    ca_pem: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-    config: axum_server::tls_rustls::RustlsConfig,
-}
-
-fn cluster() -> Vec<vramguard::api::GpuNode> {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster.yaml"),
-    )
-    .unwrap();
-    vramguard::api::parse::documents(&text)
-        .unwrap()
-        .into_iter()
-        .map(|d| vramguard::api::parse::gpu_node(d).unwrap())
-        .collect()
-}
+#[path = "support/tls_webhook.rs"]
+mod tls_webhook;
+use tls_webhook::{Server, cluster, connector, connector_with_alpn, stop};
 
 async fn start(limits: Limits) -> Server {
-    let pair = tls::self_signed(&["localhost".into(), "127.0.0.1".into()]).unwrap();
-    let config = tls::server_config_from_pem(
-        pair.cert_pem.as_bytes(),
-        pair.key_pem.as_bytes(),
-        Path::new("cert"),
-        Path::new("key"),
-    )
-    .unwrap();
-    let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let state = Arc::new(AppState::new(Arc::new(Static::new(cluster(), now))));
-    let connections = webhook::Connections::of(&state, limits);
-    let router = webhook::router_with(state, limits);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(webhook::serve(
-        "127.0.0.1:0".parse().unwrap(),
-        router,
-        connections,
-        rustls.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
-        Duration::from_secs(5),
-        Some(bound_tx),
-    ));
-    let addr = bound_rx.await.unwrap();
-    Server {
-        addr,
-        ca_pem: pair.ca_pem,
-        stop: Some(stop_tx),
-        task,
-        config: rustls,
-    }
-}
-
-fn connector(ca_pem: &str) -> TlsConnector {
-    connector_with_alpn(ca_pem, b"")
-}
-
-/// A client offering `alpn` (nothing when empty).
-fn connector_with_alpn(ca_pem: &str, alpn: &[u8]) -> TlsConnector {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut config = config;
-    if !alpn.is_empty() {
-        config.alpn_protocols = vec![alpn.to_vec()];
-    }
-    TlsConnector::from(Arc::new(config))
+    tls_webhook::start_with(limits, |_| {}).await
 }
 
 async fn post(server: &Server, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
@@ -140,11 +64,6 @@ async fn response_of(server: &Server, name: &str) -> Value {
     let req: Value = serde_json::from_slice(&review_file(name)).unwrap();
     assert_eq!(v["response"]["uid"], req["request"]["uid"], "uid copied");
     v["response"].clone()
-}
-
-async fn stop(mut server: Server) {
-    let _ = server.stop.take().unwrap().send(());
-    server.task.await.unwrap().unwrap();
 }
 
 #[tokio::test]

@@ -4,101 +4,30 @@
 //! deny with the change in the job's own knobs, warn, audit, not judged, and
 //! a malformed annotation named by its field.
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{Value, json};
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-use vramguard::inventory::Static;
-use vramguard::webhook::{self, AppState, Enforcement, Limits, tls};
+use tokio_rustls::rustls;
+use vramguard::webhook::{Enforcement, Limits};
 
-struct Server {
-    addr: SocketAddr,
-    ca_pem: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
+#[path = "support/tls_webhook.rs"]
+mod tls_webhook;
+use tls_webhook::{Server, connector, stop};
 
 fn repo(p: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
 }
 
-fn cluster() -> Vec<vramguard::api::GpuNode> {
-    let text = std::fs::read_to_string(repo("examples/cluster.yaml")).unwrap();
-    vramguard::api::parse::documents(&text)
-        .unwrap()
-        .into_iter()
-        .map(|d| vramguard::api::parse::gpu_node(d).unwrap())
-        .collect()
-}
-
 async fn start(enforcement: Enforcement) -> Server {
-    let pair = tls::self_signed(&["localhost".into(), "127.0.0.1".into()]).unwrap();
-    let config = tls::server_config_from_pem(
-        pair.cert_pem.as_bytes(),
-        pair.key_pem.as_bytes(),
-        Path::new("cert"),
-        Path::new("key"),
-    )
-    .unwrap();
-    let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let mut state = AppState::new(Arc::new(Static::new(cluster(), now)));
-    state.enforcement = enforcement;
-    let state = Arc::new(state);
-    let limits = Limits::default();
-    let connections = webhook::Connections::of(&state, limits);
-    let router = webhook::router_with(state, limits);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(webhook::serve(
-        "127.0.0.1:0".parse().unwrap(),
-        router,
-        connections,
-        rustls,
-        async move {
-            let _ = stop_rx.await;
-        },
-        Duration::from_secs(5),
-        Some(bound_tx),
-    ));
-    Server {
-        addr: bound_rx.await.unwrap(),
-        ca_pem: pair.ca_pem,
-        stop: Some(stop_tx),
-        task,
-    }
-}
-
-async fn stop(mut server: Server) {
-    let _ = server.stop.take().unwrap().send(());
-    server.task.await.unwrap().unwrap();
+    tls_webhook::start_with(Limits::default(), |state| state.enforcement = enforcement).await
 }
 
 async fn request(server: &Server, method: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .unwrap();
+    let tls = connector(&server.ca_pem).connect(name, tcp).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await

@@ -14,6 +14,7 @@ Standard library only: it needs no torch, so it runs on committed rows too.
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -130,6 +131,7 @@ def reference_phase(phase, phases):
     return k, phases[k]
 
 
+@functools.lru_cache(maxsize=1)
 def swept_releases():
     """The PyTorch and Transformers releases the sweep runs (requirements.txt)."""
     pins = {}

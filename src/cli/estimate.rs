@@ -708,32 +708,50 @@ pub fn run_estimate(
     let written = match args.output {
         OutputFormat::Svg => out.write_all(svg.unwrap_or_default().as_bytes()),
         OutputFormat::Table => render::table(&reports, out),
-        OutputFormat::Json => {
-            let text = if reports.len() == 1 && !bad {
-                serde_json::to_string_pretty(&reports[0])
-            } else {
-                serde_json::to_string_pretty(&reports)
-            };
-            text.map_err(std::io::Error::other)
-                .and_then(|t| writeln!(out, "{t}"))
-        }
-        OutputFormat::Yaml => {
-            let text = if reports.len() == 1 && !bad {
-                serde_saphyr::to_string(&reports[0])
-            } else {
-                serde_saphyr::to_string(&reports)
-            };
-            text.map_err(std::io::Error::other)
-                .and_then(|t| write!(out, "{t}"))
-        }
+        OutputFormat::Json | OutputFormat::Yaml => structured(&reports, bad, args.output, out),
     };
+    finish(written, bad, reports.iter().all(|r| r.fits), err)
+}
+
+/// `reports` as JSON or YAML: one object when there is one report and no
+/// document failed, else the list.
+pub(crate) fn structured<T: serde::Serialize>(
+    reports: &[T],
+    bad: bool,
+    format: OutputFormat,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let one = reports.len() == 1 && !bad;
+    if format == OutputFormat::Yaml {
+        let text = if one {
+            serde_saphyr::to_string(&reports[0])
+        } else {
+            serde_saphyr::to_string(&reports)
+        };
+        return write!(out, "{}", text.map_err(std::io::Error::other)?);
+    }
+    let text = if one {
+        serde_json::to_string_pretty(&reports[0])
+    } else {
+        serde_json::to_string_pretty(&reports)
+    };
+    writeln!(out, "{}", text.map_err(std::io::Error::other)?)
+}
+
+/// The exit code once the output is written: bad input, does not fit, fits.
+pub(crate) fn finish(
+    written: std::io::Result<()>,
+    bad: bool,
+    all_fit: bool,
+    err: &mut dyn Write,
+) -> u8 {
     if let Err(e) = written {
         let _ = writeln!(err, "error: writing output: {e}");
         return EXIT_BAD_INPUT;
     }
     if bad {
         EXIT_BAD_INPUT
-    } else if reports.iter().all(|r| r.fits) {
+    } else if all_fit {
         EXIT_FITS
     } else {
         EXIT_DOES_NOT_FIT

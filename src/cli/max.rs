@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
-use super::estimate::{OutputFormat, job_documents, validate_documents};
+use super::EXIT_BAD_INPUT;
+use super::estimate::{OutputFormat, finish, job_documents, structured, validate_documents};
 use super::spec_flags::SpecFlags;
-use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS};
 use crate::api::ValidatedJob;
 use crate::estimate::{GIB, GpuProduct, gpus};
 use crate::plan::Allowance;
@@ -200,34 +200,7 @@ pub fn run(args: &MaxArgs, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut 
             return EXIT_BAD_INPUT;
         }
         OutputFormat::Table => write_table(&reports, out),
-        OutputFormat::Json => {
-            let text = if reports.len() == 1 && !bad {
-                serde_json::to_string_pretty(&reports[0])
-            } else {
-                serde_json::to_string_pretty(&reports)
-            };
-            text.map_err(std::io::Error::other)
-                .and_then(|t| writeln!(out, "{t}"))
-        }
-        OutputFormat::Yaml => {
-            let text = if reports.len() == 1 && !bad {
-                serde_saphyr::to_string(&reports[0])
-            } else {
-                serde_saphyr::to_string(&reports)
-            };
-            text.map_err(std::io::Error::other)
-                .and_then(|t| write!(out, "{t}"))
-        }
+        OutputFormat::Json | OutputFormat::Yaml => structured(&reports, bad, args.output, out),
     };
-    if let Err(e) = written {
-        let _ = writeln!(err, "error: writing output: {e}");
-        return EXIT_BAD_INPUT;
-    }
-    if bad {
-        EXIT_BAD_INPUT
-    } else if reports.iter().all(|r| r.fits) {
-        EXIT_FITS
-    } else {
-        EXIT_DOES_NOT_FIT
-    }
+    finish(written, bad, reports.iter().all(|r| r.fits), err)
 }

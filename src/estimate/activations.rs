@@ -214,9 +214,10 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
 ///   nothing. Under autocast `pow` is on the fp32 list
 ///   (aten/src/ATen/autocast_mode.cpp), so it saves an fp32 copy of x and
 ///   everything after it promotes to fp32 except `0.5 * x`: 4 + 4 + e + 4.
-///   Without autocast: 4 tensors at e. The meta-device reference measures
-///   GPT-2's MLP at 17 and 22 bytes per intermediate element with the
-///   output (bf16-mixed and fp32), against 16 and 20 here.
+///   Without autocast: 4 tensors at e. On the meta-device reference GPT-2's
+///   activations at backward's head (bf16-mixed, micro-batch 1 × 2048) are
+///   1522 MiB estimated against 1592 measured, 658 before this was modelled
+///   (`python3 benches/reference/report.py --only gpt2-mb1-s2048 -v`).
 pub fn act_saved(act: Act, e: f64, mixed: bool) -> f64 {
     match act {
         Act::Fused => e,

@@ -389,23 +389,36 @@ fn count(state: &AppState, started: Instant, verdict: Verdict, reason: Reason) {
         .observe(started.elapsed().as_secs_f64());
 }
 
-fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant) -> Response {
+/// The request of a well-formed review, or the answer to a malformed one
+/// (counted as such): the wrong apiVersion or kind, or no request.
+fn request_of<'a, O>(
+    state: &AppState,
+    review: &mut Review<'a, O>,
+    started: Instant,
+) -> Result<review::Request<'a, O>, Box<Response>> {
     if review.api_version != review::API_VERSION || review.kind != review::KIND {
         count(state, started, Verdict::Invalid, Reason::Malformed);
-        return invalid(format!(
+        return Err(Box::new(invalid(format!(
             "apiVersion {:?}, kind {:?}: only {} {} is served",
             review.api_version,
             review.kind,
             review::API_VERSION,
             review::KIND
-        ));
+        ))));
     }
-    let Some(request) = review.request else {
+    review.request.take().ok_or_else(|| {
         count(state, started, Verdict::Invalid, Reason::Malformed);
-        return invalid(
+        Box::new(invalid(
             "the AdmissionReview has no request: failed to convert AdmissionReview into AdmissionRequest"
                 .to_string(),
-        );
+        ))
+    })
+}
+
+fn answer<O: ReadJob>(state: &AppState, mut review: Review<'_, O>, started: Instant) -> Response {
+    let request = match request_of(state, &mut review, started) {
+        Ok(r) => r,
+        Err(answer) => return *answer,
     };
     let snapshot = state.inventory.snapshot();
     let now = Timestamp::now();
@@ -454,24 +467,14 @@ fn answer<O: ReadJob>(state: &AppState, review: Review<'_, O>, started: Instant)
 /// allowed unjudged.
 fn answer_workload(
     state: &AppState,
-    review: Review<'_, serde_json::Value>,
+    mut review: Review<'_, serde_json::Value>,
     kind: Kind,
     enforcement: Enforcement,
     started: Instant,
 ) -> Response {
-    if review.api_version != review::API_VERSION || review.kind != review::KIND {
-        count(state, started, Verdict::Invalid, Reason::Malformed);
-        return invalid(format!(
-            "apiVersion {:?}, kind {:?}: only {} {} is served",
-            review.api_version,
-            review.kind,
-            review::API_VERSION,
-            review::KIND
-        ));
-    }
-    let Some(request) = review.request else {
-        count(state, started, Verdict::Invalid, Reason::Malformed);
-        return invalid("the AdmissionReview has no request".to_string());
+    let request = match request_of(state, &mut review, started) {
+        Ok(r) => r,
+        Err(answer) => return *answer,
     };
     let namespace = request.namespace.as_deref().unwrap_or("").to_string();
     let judged = match (&request.operation, &request.object) {
