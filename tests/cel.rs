@@ -101,8 +101,18 @@ const CASES: &[(&str, &str, bool)] = &[
         false,
     ),
     (
-        "optimizer offload without zero",
-        "  model: {preset: gpt2}\n  parallelism: {offload: optimizer}\n",
+        "DeepSpeed optimizer offload without zero",
+        "  model: {preset: gpt2}\n  parallelism: {strategy: deepspeed, offload: optimizer}\n",
+        false,
+    ),
+    (
+        "torchao's optimizer offload under ddp",
+        "  model: {preset: gpt2}\n  parallelism: {offload: optimizer, offloadGradients: true}\n",
+        true,
+    ),
+    (
+        "offloaded gradients without torchao's offload",
+        "  model: {preset: gpt2}\n  parallelism: {offloadGradients: true}\n",
         false,
     ),
     (

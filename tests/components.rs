@@ -303,3 +303,150 @@ training: {mode: inference, microBatchSize: 1, sequenceLength: 1000, precision: 
             .all(|p| p.phase != StepPhase::InferenceDecode)
     );
 }
+
+/// Llama-3-8B's parts: the blocks' linears, the token embedding and the
+/// untied head (128,256 × 4,096 each), and the 65 RMS norms.
+const LLAMA3_EMBEDDING: f64 = 128_256.0 * 4096.0;
+const LLAMA3_NORMS: f64 = 65.0 * 4096.0;
+const LLAMA3_LINEAR: f64 = 8_030_261_248.0 - 2.0 * LLAMA3_EMBEDDING - LLAMA3_NORMS;
+/// LoRA rank 16 on q and v of 32 blocks (see `lora_bf16_weights_and_adapter_states`).
+const LLAMA3_QV_ADAPTERS: f64 = 6_815_744.0;
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+}
+
+#[test]
+fn gptq_and_awq_store_packed_codes_with_fp16_scales_per_group() {
+    let spec = "model: {preset: llama-3-8b}
+training: {stack: hf-trainer, mode: lora, QUANT, lora: {rank: 16, targetModules: [q_proj, v_proj]}, microBatchSize: 1, sequenceLength: 512, precision: bf16, optimizerImplementation: fused, batching: packed}
+";
+    let weights = |q: &str| {
+        let e = est_on(&spec.replace("QUANT", q), "h100-80gb");
+        at(&e, StepPhase::OptimizerStep, Component::Weights)
+    };
+    // The rest (embedding, head, norms, adapters) in bf16.
+    let rest = (2.0 * LLAMA3_EMBEDDING + LLAMA3_NORMS + LLAMA3_QV_ADAPTERS) * 2.0;
+    // GPTQ 4-bit, groups of 128: half a byte per weight, an fp16 scale and a
+    // 4-bit zero per group, an int32 group index per input row.
+    let gptq = weights("quantization: gptq");
+    let expected = LLAMA3_LINEAR * (0.5 + 2.5 / 128.0 + 4.0 / 4096.0) + rest;
+    assert!(close(gptq, expected), "{gptq} != {expected}");
+    // AWQ: the same without the group index.
+    let awq = weights("quantization: awq");
+    let expected = LLAMA3_LINEAR * (0.5 + 2.5 / 128.0) + rest;
+    assert!(close(awq, expected), "{awq} != {expected}");
+    // 8 bits in groups of 32.
+    let g8 = weights("quantization: gptq, quantizationBits: 8, quantizationGroupSize: 32");
+    let expected = LLAMA3_LINEAR * (1.0 + 3.0 / 32.0 + 4.0 / 4096.0) + rest;
+    assert!(close(g8, expected), "{g8} != {expected}");
+    // A model config's quantization_config says the same as the fields.
+    let from_config = est_on(
+        "model: {hfConfig: {model_type: llama, hidden_size: 4096, intermediate_size: 14336, num_hidden_layers: 32, num_attention_heads: 32, num_key_value_heads: 8, vocab_size: 128256, max_position_embeddings: 8192, quantization_config: {quant_method: gptq, bits: 8, group_size: 32}}}
+training: {stack: hf-trainer, mode: lora, lora: {rank: 16, targetModules: [q_proj, v_proj]}, microBatchSize: 1, sequenceLength: 512, precision: bf16, optimizerImplementation: fused, batching: packed}
+",
+        "h100-80gb",
+    );
+    assert!(close(
+        at(&from_config, StepPhase::OptimizerStep, Component::Weights),
+        g8
+    ));
+}
+
+#[test]
+fn gptq_keeps_each_blocks_dequantized_weights_for_backward() {
+    let spec = "model: {preset: llama-3-8b}
+training: {stack: hf-trainer, mode: lora, QUANT, lora: {rank: 16, targetModules: [q_proj, v_proj]}, microBatchSize: 1, sequenceLength: 512, precision: bf16, optimizerImplementation: fused, batching: packedCKPT}
+";
+    let spread = |q: &str, ckpt: &str| {
+        let e = est_on(&spec.replace("QUANT", q).replace("CKPT", ckpt), "h100-80gb");
+        e.status
+            .spread
+            .iter()
+            .find(|m| m.mechanism == "dequantizedWeights")
+            .map_or(0, |m| m.below_bytes) as f64
+    };
+    // Without checkpointing every block keeps its linears' bf16 weights,
+    // which a kernel with its own autograd Function (the low end) does not;
+    // as saved tensors they carry the allocator's 8 % point fragmentation.
+    let blocks = LLAMA3_LINEAR * 2.0 * 1.08;
+    let kept = spread("quantization: gptq", "");
+    assert!((kept - blocks).abs() < 0.01 * blocks, "{kept} vs {blocks}");
+    // Checkpointed: only the block being recomputed keeps them, beside the
+    // same dequantization transients (GPTQ's unpack, subtract, scale and
+    // cast: 6 bytes per element of the largest matrix at bf16; AWQ's
+    // backward at one sample: 2 + 2 + 2); AWQ's recomputed block keeps the
+    // inputs its Function saves, a tenth of the weights here.
+    let temporaries = |q: &str| {
+        let e = est_on(
+            &spec
+                .replace("QUANT", q)
+                .replace("CKPT", ", gradientCheckpointing: full"),
+            "h100-80gb",
+        );
+        at(&e, StepPhase::BackwardLastBlock, Component::Temporaries)
+    };
+    let one = temporaries("quantization: gptq") - temporaries("quantization: awq");
+    let block = LLAMA3_LINEAR / 32.0 * 2.0;
+    assert!(one > 0.8 * block && one < block, "{one} vs {block}");
+    // AWQ's Function keeps the packed weight: nothing below its point.
+    assert_eq!(spread("quantization: awq", ""), 0.0);
+}
+
+#[test]
+fn adamw_4bit_keeps_half_a_byte_per_moment_and_a_scale_per_128() {
+    let e = est_on(
+        &GPT2_FP32.replace("optimizer: adamw,", "optimizer: adamw-4bit,"),
+        "a100-80gb",
+    );
+    assert!(close(
+        at(&e, StepPhase::OptimizerStep, Component::OptimizerStates),
+        GPT2_PARAMS * 2.0 * (0.5 + 4.0 / 128.0)
+    ));
+    // One tensor's moments dequantized to fp32: the token embedding's.
+    assert_eq!(
+        at(&e, StepPhase::OptimizerStep, Component::Temporaries),
+        50257.0 * 768.0 * 8.0
+    );
+}
+
+#[test]
+fn torchao_cpu_offload_moves_states_and_optionally_gradients() {
+    let spec = "model: {preset: gpt2}
+training: {stack: custom, microBatchSize: 1, sequenceLength: 1024, precision: fp32, optimizer: adamw, optimizerImplementation: fused, globalBatchSize: 1, batching: packed}
+parallelism: {offload: optimizerGRADS}
+";
+    let kept = est_on(&spec.replace("GRADS", ""), "a100-80gb");
+    assert_eq!(
+        at(&kept, StepPhase::OptimizerStep, Component::OptimizerStates),
+        0.0
+    );
+    assert_eq!(
+        at(&kept, StepPhase::OptimizerStep, Component::Gradients),
+        GPT2_PARAMS * 4.0
+    );
+    // offload_gradients: the gradient being copied to the host and the next.
+    let moved = est_on(
+        &spec.replace("GRADS", ", offloadGradients: true"),
+        "a100-80gb",
+    );
+    assert_eq!(
+        at(&moved, StepPhase::OptimizerStep, Component::Gradients),
+        2.0 * 50257.0 * 768.0 * 4.0
+    );
+}
+
+#[test]
+fn a_shorter_target_shrinks_the_decoder_and_the_logits() {
+    let spec = "model: {preset: t5-base}
+training: {stack: hf-trainer, microBatchSize: 4, sequenceLength: 512TARGET, precision: bf16-mixed, batching: packed}
+";
+    let same = est_on(&spec.replace("TARGET", ""), "a100-80gb");
+    let short = est_on(&spec.replace("TARGET", ", targetLength: 128"), "a100-80gb");
+    let logits = |e: &Estimate| at(e, StepPhase::ForwardEnd, Component::Logits);
+    assert!(close(logits(&short) * 4.0, logits(&same)));
+    let acts = |e: &Estimate| at(e, StepPhase::ForwardEnd, Component::Activations);
+    assert!(acts(&short) < acts(&same));
+    // Not less than the encoder's share: half the blocks run the full source.
+    assert!(acts(&short) > 0.4 * acts(&same));
+}

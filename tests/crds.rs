@@ -200,7 +200,7 @@ fn enums_list_the_allowed_values() {
         ("spec.fitPolicy.mode", &["Reject", "Adjust"]),
         (
             "spec.training.quantization",
-            &["none", "int8", "nf4", "nf4-double"],
+            &["none", "int8", "nf4", "nf4-double", "gptq", "awq"],
         ),
     ];
     for (path, values) in cases {

@@ -268,6 +268,7 @@ fn parallelism() -> impl Strategy<Value = ParallelismSpec> {
                     },
                     context_parallel: cp,
                     offload: offloads[offload % offloads.len()],
+                    offload_gradients: false,
                     fsdp_version: None,
                 }
             },

@@ -821,3 +821,89 @@ fn generation_is_for_inference_and_its_cache_must_hold_the_tokens() {
         .is_ok()
     );
 }
+
+#[test]
+fn gptq_and_awq_formats_are_checked_and_read_from_the_config() {
+    // AWQ has one 4-bit format; GPTQ 2, 3, 4 and 8.
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, quantization: awq, quantizationBits: 3}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.quantizationBits"]);
+    assert!(errs[0].reason.contains("use 4"), "{}", errs[0].reason);
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, quantization: gptq, quantizationGroupSize: 0}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.quantizationGroupSize"]);
+    // The format fields describe a pre-quantized checkpoint only.
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: qlora, quantizationBits: 4}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.quantizationBits"]);
+    assert!(errs[0].reason.contains("nf4"), "{}", errs[0].reason);
+    // qlora on a GPTQ checkpoint; -1 groups whole rows.
+    let j = check(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: qlora, quantization: gptq, quantizationBits: 8, quantizationGroupSize: -1}",
+    ))
+    .expect("valid");
+    assert_eq!(
+        (j.quantization, j.quantization_bits, j.quantization_group),
+        (vramguard::api::Quantization::Gptq, 8, None)
+    );
+    // A config's quantization_config sets all three; a bad one names its field.
+    let config = "model: {hfConfig: {model_type: llama, hidden_size: 2048, intermediate_size: 8192, num_hidden_layers: 16, num_attention_heads: 32, num_key_value_heads: 8, vocab_size: 128256, max_position_embeddings: 8192, quantization_config: QC}}\ntraining: {mode: lora}";
+    let j = check(&job(
+        &config.replace("QC", "{quant_method: awq, bits: 4, group_size: 64}")
+    ))
+    .expect("valid");
+    assert_eq!(
+        (j.quantization, j.quantization_bits, j.quantization_group),
+        (vramguard::api::Quantization::Awq, 4, Some(64))
+    );
+    let errs = errors(&job(
+        &config.replace("QC", "{quant_method: gptq, bits: four}")
+    ));
+    assert_eq!(
+        paths(&errs),
+        ["spec.model.hfConfig.quantization_config.bits"]
+    );
+}
+
+#[test]
+fn target_length_is_for_encoder_decoder_models() {
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {targetLength: 128}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.targetLength"]);
+    assert!(errs[0].reason.contains("encoder-decoder"));
+    assert!(
+        check(&job(
+            "model: {preset: t5-base}\ntraining: {targetLength: 128}"
+        ))
+        .is_ok()
+    );
+}
+
+#[test]
+fn offloaded_gradients_need_torchaos_offload_and_no_accumulation() {
+    // torchao's CPUOffloadOptimizer needs no ZeRO.
+    assert!(
+        check(&job(
+            "model: {preset: gpt2}\nparallelism: {offload: optimizer}"
+        ))
+        .is_ok()
+    );
+    let errs = errors(&job(
+        "model: {preset: gpt2}\nparallelism: {offloadGradients: true}",
+    ));
+    assert_eq!(paths(&errs), ["spec.parallelism.offloadGradients"]);
+    let errs = errors(&job(
+        "model: {preset: gpt2}\ntraining: {microBatchSize: 2, globalBatchSize: 8}\nparallelism: {offload: optimizer, offloadGradients: true}",
+    ));
+    assert_eq!(paths(&errs), ["spec.parallelism.offloadGradients"]);
+    assert!(errs[0].reason.contains("4 steps"), "{}", errs[0].reason);
+    // DeepSpeed still offloads only under ZeRO.
+    let errs = errors(&job(
+        "model: {preset: gpt2}\nparallelism: {strategy: deepspeed, offload: optimizer}",
+    ));
+    assert_eq!(paths(&errs), ["spec.parallelism.offload"]);
+}

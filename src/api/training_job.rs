@@ -240,7 +240,7 @@ pub struct CustomModel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "!has(self.globalBatchSize) || self.globalBatchSize % self.microBatchSize == 0", "message": "globalBatchSize must be a multiple of microBatchSize (times the data-parallel ranks)"},
-        {"rule": "self.mode != 'qlora' || !has(self.quantization) || self.quantization != 'none'", "message": "mode qlora needs 4-bit base weights (quantization nf4 or nf4-double)"},
+        {"rule": "self.mode != 'qlora' || !has(self.quantization) || self.quantization != 'none'", "message": "mode qlora needs quantized base weights (quantization nf4, nf4-double, gptq or awq)"},
         {"rule": "self.mode != 'full' || !has(self.quantization) || self.quantization == 'none'", "message": "quantized base weights cannot be trained in mode full"},
         {"rule": "!has(self.lora) || self.mode == 'lora' || self.mode == 'qlora'", "message": "lora is only used with mode lora or qlora"}
 ]))]
@@ -253,9 +253,20 @@ pub struct TrainingSpec {
     /// Explicit count of trainable parameters (adapters, partial freezing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trainable_parameters: Option<f64>,
-    /// Base weights: none | int8 | nf4 | nf4-double; default: nf4 for qlora, none otherwise.
+    /// Base weights: none | int8 | nf4 | nf4-double | gptq | awq; default: the
+    /// `quantization_config` of `model.hfConfig` when it names gptq or awq,
+    /// else nf4 for qlora and none otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Quantization>,
+    /// Bits per weight of a gptq (2, 3, 4 or 8) or awq (4) checkpoint; default
+    /// 4, or `quantization_config.bits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization_bits: Option<u8>,
+    /// Input rows sharing one scale and zero point in a gptq or awq checkpoint
+    /// (`group_size`; -1: one group per whole row); default 128, or
+    /// `quantization_config.group_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization_group_size: Option<i64>,
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub micro_batch_size: u64,
@@ -266,6 +277,12 @@ pub struct TrainingSpec {
     #[serde(default = "default_sequence_length")]
     #[schemars(range(min = 1))]
     pub sequence_length: u64,
+    /// Encoder-decoder models (T5, BART): tokens per target sample, which the
+    /// decoder and the loss run over (`max_target_length`); `sequenceLength`
+    /// is then the source's. Default: sequenceLength.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub target_length: Option<u64>,
     #[serde(default)]
     pub precision: Precision,
     #[serde(default)]
@@ -339,6 +356,9 @@ impl Default for TrainingSpec {
             lora: None,
             trainable_parameters: None,
             quantization: None,
+            quantization_bits: None,
+            target_length: None,
+            quantization_group_size: None,
             micro_batch_size: 1,
             global_batch_size: None,
             sequence_length: default_sequence_length(),
@@ -518,7 +538,8 @@ pub enum PeftMethod {
     Galore,
 }
 
-/// none | int8 | nf4 | nf4-double.
+/// none | int8 | nf4 | nf4-double (bitsandbytes) | gptq | awq (pre-quantized
+/// checkpoints, `quantization_config.quant_method` in the model's config).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Quantization {
@@ -527,6 +548,16 @@ pub enum Quantization {
     Int8,
     Nf4,
     Nf4Double,
+    Gptq,
+    Awq,
+}
+
+impl Quantization {
+    /// A checkpoint quantized ahead of time (GPTQ, AWQ): its bits and group
+    /// size come from its `quantization_config`.
+    pub fn is_prequantized(self) -> bool {
+        matches!(self, Quantization::Gptq | Quantization::Awq)
+    }
 }
 
 /// fp32 | tf32 | fp16-mixed | bf16-mixed | fp16 | bf16.
@@ -562,6 +593,10 @@ pub enum Optimizer {
     PagedAdamw,
     #[serde(rename = "paged-adamw-8bit")]
     PagedAdamw8bit,
+    /// torchao's `AdamW4bit`: both moments in 4 bits per value with an fp32
+    /// scale per 128-value block.
+    #[serde(rename = "adamw-4bit")]
+    Adamw4bit,
 }
 
 /// none | selective | op-selective | full. `selective` is Megatron's
@@ -613,7 +648,8 @@ pub enum Framework {
         {"rule": "self.gpus % (self.tensorParallel * self.pipelineParallel * self.contextParallel) == 0", "message": "gpus must be a multiple of tensorParallel × pipelineParallel × contextParallel"},
         {"rule": "!self.sequenceParallel || self.tensorParallel >= 2", "message": "sequenceParallel needs tensorParallel >= 2"},
         {"rule": "self.virtualStages == 1 || self.pipelineSchedule == 'interleaved-1f1b'", "message": "virtualStages > 1 needs pipelineSchedule interleaved-1f1b"},
-        {"rule": "self.offload != 'optimizer' || (has(self.zeroStage) ? self.zeroStage >= 1 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding != 'no-shard')))", "message": "optimizer offload needs zeroStage >= 1"},
+        {"rule": "self.offload != 'optimizer' || self.strategy == 'ddp' || (has(self.zeroStage) ? self.zeroStage >= 1 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding != 'no-shard')))", "message": "optimizer offload needs zeroStage >= 1, or strategy ddp (torchao's CPUOffloadOptimizer)"},
+        {"rule": "!self.offloadGradients || (self.offload == 'optimizer' && self.strategy == 'ddp')", "message": "offloadGradients is torchao's CPUOffloadOptimizer option; it needs offload optimizer and strategy ddp"},
         {"rule": "self.offload != 'optimizer-and-parameters' || (has(self.zeroStage) ? self.zeroStage == 3 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding == 'full-shard')))", "message": "parameter offload needs zeroStage 3"},
         {"rule": "!has(self.sharding) || self.strategy == 'fsdp'", "message": "sharding is FSDP's sharding strategy; it needs strategy fsdp"},
         {"rule": "!has(self.sharding) || !has(self.zeroStage) || (self.sharding == 'full-shard' && self.zeroStage == 3) || (self.sharding == 'shard-grad-op' && self.zeroStage == 2) || (self.sharding == 'no-shard' && self.zeroStage == 0)", "message": "sharding and zeroStage disagree: full-shard is zeroStage 3, shard-grad-op 2, no-shard 0"}
@@ -653,8 +689,17 @@ pub struct ParallelismSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub context_parallel: u64,
+    /// none | optimizer | optimizer-and-parameters. Under ZeRO (DeepSpeed, or
+    /// FSDP's `CPUOffload` / `CPUOffloadPolicy` with parameters) the host holds
+    /// the offloaded shards and gradients leave the GPU as they are reduced;
+    /// `optimizer` with strategy ddp is torchao's `CPUOffloadOptimizer`.
     #[serde(default)]
     pub offload: Offload,
+    /// torchao `CPUOffloadOptimizer(offload_gradients=True)`: each gradient is
+    /// freed on the GPU once copied to the host (needs offload optimizer,
+    /// strategy ddp and no gradient accumulation).
+    #[serde(default)]
+    pub offload_gradients: bool,
     /// FSDP1 or FSDP2, when the job says (overrides the stack's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_version: Option<FsdpVersion>,
@@ -675,6 +720,7 @@ impl Default for ParallelismSpec {
             virtual_stages: 1,
             context_parallel: 1,
             offload: Offload::default(),
+            offload_gradients: false,
             fsdp_version: None,
         }
     }

@@ -107,6 +107,10 @@ pub struct ValidatedJob {
     pub head: Head,
     pub num_labels: u64,
     pub quantization: Quantization,
+    /// Bits per base weight of a gptq or awq checkpoint (4 otherwise).
+    pub quantization_bits: u8,
+    /// Input rows per scale of a gptq or awq checkpoint; `None`: the whole row.
+    pub quantization_group: Option<u64>,
     pub lora: Option<LoraSpec>,
     /// Total parameters of the model.
     pub total_parameters: u64,
@@ -361,12 +365,21 @@ fn validate_hinted(
         );
     }
 
-    let quantization = match (t.mode, t.quantization) {
+    // A pre-quantized checkpoint says so in its config.
+    let from_config = spec
+        .model
+        .hf_config
+        .as_ref()
+        .and_then(|c| hf_quantization(c, &mut errs));
+    let written = t.quantization.or(from_config
+        .map(|(q, _, _)| q)
+        .filter(|_| t.mode != TrainingMode::Full));
+    let quantization = match (t.mode, written) {
         (TrainingMode::Qlora, None) => Quantization::Nf4,
         (TrainingMode::Qlora, Some(Quantization::None)) => {
             errs.push(
                 "spec.training.quantization",
-                "none contradicts mode: qlora (4-bit base weights); use nf4 or nf4-double, or mode: lora",
+                "none contradicts mode: qlora (quantized base weights); use nf4, nf4-double, gptq or awq, or mode: lora",
             );
             Quantization::None
         }
@@ -382,6 +395,8 @@ fn validate_hinted(
         }
         (_, q) => q.unwrap_or(Quantization::None),
     };
+    let (quantization_bits, quantization_group) =
+        quantization_format(t, quantization, from_config, &mut errs);
 
     let lora = match t.mode {
         TrainingMode::Lora | TrainingMode::Qlora => {
@@ -654,15 +669,30 @@ fn validate_hinted(
         );
     }
     match p.offload {
-        Offload::Optimizer if p.zero() == 0 => errs.push(
+        Offload::Optimizer if p.zero() == 0 && p.strategy != Strategy::Ddp => errs.push(
             "spec.parallelism.offload",
-            "optimizer offload needs zeroStage ≥ 1",
+            "optimizer offload needs zeroStage ≥ 1, or strategy: ddp (torchao's CPUOffloadOptimizer)",
         ),
         Offload::OptimizerAndParameters if p.zero() != 3 => errs.push(
             "spec.parallelism.offload",
             "parameter offload needs zeroStage: 3",
         ),
         _ => {}
+    }
+    if let Some(target) = t.target_length {
+        let encoder_decoder = matches!(
+            &model,
+            Some(ResolvedModel::Transformer(arch))
+                if arch.kind == Kind::EncoderDecoder
+        );
+        if model.is_some() && !encoder_decoder {
+            errs.push(
+                "spec.training.targetLength",
+                "is the decoder's length of an encoder-decoder model (T5, BART); this model has one stack, so sequenceLength says it all",
+            );
+        }
+        errs.at_least("spec.training.targetLength", target, 1);
+        errs.at_most("spec.training.targetLength", target, MAX_SEQUENCE_LENGTH);
     }
     if let Some(ResolvedModel::Transformer(arch)) = &model {
         if arch.heads % p.tensor_parallel.max(1) != 0 {
@@ -718,6 +748,22 @@ fn validate_hinted(
                 ),
             ),
             Some(per_step) => gradient_accumulation_steps = g / per_step,
+        }
+    }
+    let p = &spec.parallelism;
+    if p.offload_gradients {
+        if p.offload != Offload::Optimizer || p.strategy != Strategy::Ddp {
+            errs.push(
+                "spec.parallelism.offloadGradients",
+                "is torchao's CPUOffloadOptimizer option; it needs offload: optimizer and strategy: ddp",
+            );
+        } else if gradient_accumulation_steps > 1 {
+            errs.push(
+                "spec.parallelism.offloadGradients",
+                format!(
+                    "frees each gradient once it is on the host, which gradient accumulation ({gradient_accumulation_steps} steps) cannot do; set it false or globalBatchSize to microBatchSize × data-parallel ranks"
+                ),
+            );
         }
     }
 
@@ -787,6 +833,8 @@ fn validate_hinted(
         head,
         num_labels,
         quantization,
+        quantization_bits,
+        quantization_group,
         lora,
         total_parameters,
         data_parallel,
@@ -1375,5 +1423,142 @@ pub fn quantization_name(q: Quantization) -> &'static str {
         Quantization::Int8 => "int8",
         Quantization::Nf4 => "nf4",
         Quantization::Nf4Double => "nf4-double",
+        Quantization::Gptq => "gptq",
+        Quantization::Awq => "awq",
     }
 }
+
+/// What a model config's `quantization_config` says: the method when it is
+/// one the estimator knows (gptq, awq), with its `bits` and `group_size`.
+/// bitsandbytes configs are left to `training.quantization`, which says the
+/// same thing.
+type ConfigQuantization = (Quantization, Option<u64>, Option<i64>);
+
+fn hf_quantization(
+    config: &serde_json::Map<String, serde_json::Value>,
+    errs: &mut Errors,
+) -> Option<ConfigQuantization> {
+    const PATH: &str = "spec.model.hfConfig.quantization_config";
+    let qc = config.get("quantization_config")?;
+    let Some(qc) = qc.as_object() else {
+        errs.push(
+            PATH,
+            "must be an object (the checkpoint's quantization_config)",
+        );
+        return None;
+    };
+    let method = match qc.get("quant_method").and_then(|m| m.as_str()) {
+        Some("gptq") => Quantization::Gptq,
+        Some("awq") => Quantization::Awq,
+        _ => return None,
+    };
+    let bits = match qc.get("bits") {
+        None => None,
+        Some(b) => match b.as_u64() {
+            Some(b) => Some(b),
+            None => {
+                errs.push(
+                    &format!("{PATH}.bits"),
+                    format!("{b} is not a whole number of bits; use 2, 3, 4 or 8"),
+                );
+                None
+            }
+        },
+    };
+    let group = match qc.get("group_size") {
+        None => None,
+        Some(g) => match g.as_i64() {
+            Some(g) => Some(g),
+            None => {
+                errs.push(
+                    &format!("{PATH}.group_size"),
+                    format!(
+                        "{g} is not a whole number; use -1 or a group of input rows such as 128"
+                    ),
+                );
+                None
+            }
+        },
+    };
+    Some((method, bits, group))
+}
+
+/// The bits and group size of a gptq or awq checkpoint: the spec's fields,
+/// else its config's, else 4 bits in groups of 128 (the GPTQ and AWQ
+/// defaults: optimum's `GPTQConfig`, AutoAWQ's `quant_config`).
+fn quantization_format(
+    t: &crate::api::TrainingSpec,
+    q: Quantization,
+    config: Option<ConfigQuantization>,
+    errs: &mut Errors,
+) -> (u8, Option<u64>) {
+    let config = config.filter(|(m, _, _)| *m == q);
+    if !q.is_prequantized() {
+        for (field, set) in [
+            (
+                "spec.training.quantizationBits",
+                t.quantization_bits.is_some(),
+            ),
+            (
+                "spec.training.quantizationGroupSize",
+                t.quantization_group_size.is_some(),
+            ),
+        ] {
+            if set {
+                errs.push(
+                    field,
+                    format!(
+                        "describes a gptq or awq checkpoint, but quantization is {}; remove it or set quantization: gptq or awq",
+                        quantization_name(q)
+                    ),
+                );
+            }
+        }
+        return (4, None);
+    }
+    let bits = t
+        .quantization_bits
+        .map(u64::from)
+        .or(config.and_then(|(_, b, _)| b))
+        .unwrap_or(4);
+    let allowed: &[u64] = if q == Quantization::Awq {
+        &[4]
+    } else {
+        &[2, 3, 4, 8]
+    };
+    if !allowed.contains(&bits) {
+        errs.push(
+            "spec.training.quantizationBits",
+            format!(
+                "{bits} bits is not a {} format; use {}",
+                quantization_name(q),
+                allowed
+                    .iter()
+                    .map(|b| b.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    let group = t
+        .quantization_group_size
+        .or(config.and_then(|(_, _, g)| g))
+        .unwrap_or(128);
+    let group = match group {
+        -1 => None,
+        g if (1..=MAX_QUANTIZATION_GROUP).contains(&g) => Some(g as u64),
+        g => {
+            errs.push(
+                "spec.training.quantizationGroupSize",
+                format!(
+                    "{g} is not a group size; use -1 (one group per row) or 1 to {MAX_QUANTIZATION_GROUP} input rows (128 is usual)"
+                ),
+            );
+            Some(128)
+        }
+    };
+    (bits.min(8) as u8, group)
+}
+
+/// The largest quantization group a checkpoint is checked against.
+const MAX_QUANTIZATION_GROUP: i64 = 1 << 20;

@@ -103,6 +103,20 @@ const FLAGS: &[Flag] = &[
         "spec.training.quantization",
     ),
     flag(
+        "quantization-bits",
+        &[],
+        "spec.training.quantizationBits",
+        Int,
+        "spec.training.quantizationBits (gptq, awq)",
+    ),
+    flag(
+        "quantization-group-size",
+        &[],
+        "spec.training.quantizationGroupSize",
+        Int,
+        "spec.training.quantizationGroupSize (gptq, awq; -1: whole rows)",
+    ),
+    flag(
         "micro-batch-size",
         &["micro-batch"],
         "spec.training.microBatchSize",
@@ -265,6 +279,13 @@ const FLAGS: &[Flag] = &[
         "spec.training.lora.modulesToSave (comma-separated)",
     ),
     flag(
+        "target-length",
+        &["max-target-length"],
+        "spec.training.targetLength",
+        Int,
+        "spec.training.targetLength (encoder-decoder models)",
+    ),
+    flag(
         "new-tokens",
         &["max-new-tokens"],
         "spec.training.generation.newTokens",
@@ -361,6 +382,13 @@ const FLAGS: &[Flag] = &[
         "spec.parallelism.offload",
         Str,
         "spec.parallelism.offload",
+    ),
+    flag(
+        "offload-gradients",
+        &[],
+        "spec.parallelism.offloadGradients",
+        Bool,
+        "spec.parallelism.offloadGradients",
     ),
     flag(
         "fsdp-version",
@@ -608,10 +636,11 @@ fn set_path(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
 fn value_of(kind: Kind, text: &str) -> Value {
     let text = text.trim();
     let int = |s: &str| {
-        s.trim()
-            .parse::<u64>()
+        let s = s.trim();
+        s.parse::<u64>()
             .map(Value::from)
-            .unwrap_or_else(|_| Value::String(s.trim().to_string()))
+            .or_else(|_| s.parse::<i64>().map(Value::from))
+            .unwrap_or_else(|_| Value::String(s.to_string()))
     };
     match kind {
         Str => Value::String(text.to_string()),

@@ -16,7 +16,7 @@
 //! figure furthest from the point.
 
 use super::GIB;
-use crate::api::{AllocatorConf, Batching, RuntimeFacts, ValidatedJob};
+use crate::api::{AllocatorConf, Batching, Quantization, RuntimeFacts, ValidatedJob};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -58,10 +58,12 @@ pub enum Mechanism {
     ShardGather,
     /// Autocast's 16-bit weight casts still alive at the end of backward.
     CastCopies,
+    /// 16-bit weights a GPTQ/AWQ kernel dequantizes that autograd keeps.
+    DequantizedWeights,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -76,6 +78,7 @@ impl Mechanism {
         Mechanism::PagedResidency,
         Mechanism::ShardGather,
         Mechanism::CastCopies,
+        Mechanism::DequantizedWeights,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -94,6 +97,7 @@ impl Mechanism {
             Mechanism::PagedResidency => "pagedResidency",
             Mechanism::ShardGather => "shardGather",
             Mechanism::CastCopies => "castCopies",
+            Mechanism::DequantizedWeights => "dequantizedWeights",
         }
     }
 
@@ -117,6 +121,9 @@ impl Mechanism {
             Mechanism::PagedResidency => "nothing in the spec (host memory pressure)",
             Mechanism::ShardGather => "parallelism.fsdpVersion",
             Mechanism::CastCopies => "nothing in the spec (the order backward frees in)",
+            Mechanism::DequantizedWeights => {
+                "nothing in the spec (the GPTQ/AWQ kernel the loader picks)"
+            }
         }
     }
 }
@@ -484,6 +491,32 @@ pub fn gathered_units(ends: &Ends) -> (f64, bool) {
 ///   table's nf4 rows.
 pub fn quantized_input_bytes(ends: &Ends) -> f64 {
     ends.pick(Mechanism::QuantizedInput, 2.5, 3.5, 4.5)
+}
+
+/// Share of a pre-quantized checkpoint's dequantized 16-bit weights that
+/// autograd keeps for backward, in every block that is not checkpointed
+/// (and in the block being recomputed when it is).
+///
+/// - GPTQ: point and high 1. GPTQModel's `TorchQuantLinear`, the kernel
+///   Transformers trains GPTQ checkpoints through (its exllama and marlin
+///   kernels refuse training), dequantizes with tensor ops and multiplies
+///   with `torch.matmul(x, weights)`, and `matmul` saves `weights` for the
+///   input's gradient (ModelCloud/GPTQModel
+///   gptqmodel/nn_modules/qlinear/torch.py, `_forward`, commit 011c00a). Low
+///   0: AutoGPTQ's triton `QuantLinear` runs its own autograd Function that
+///   dequantizes again in backward and keeps only the packed weight.
+/// - AWQ: point and low 0. AutoAWQ's `WQLinearMMFunction` saves the input and
+///   the packed tensors and dequantizes again in backward
+///   (casper-hansen/AutoAWQ awq/modules/linear/gemm.py). High 1: a kernel
+///   that dequantizes with tracked tensor ops, as GPTQ's does.
+/// - bitsandbytes: 0 at every end; `MatMul4Bit` and `MatMul8bitLt` are
+///   autograd Functions that keep the quantized weight.
+pub fn dequantized_saved_share(ends: &Ends, q: Quantization) -> f64 {
+    match q {
+        Quantization::Gptq => ends.pick(Mechanism::DequantizedWeights, 0.0, 1.0, 1.0),
+        Quantization::Awq => ends.pick(Mechanism::DequantizedWeights, 0.0, 0.0, 1.0),
+        _ => 0.0,
+    }
 }
 
 /// Tensors saved for backward that the block model does not count: a 4-D

@@ -214,8 +214,13 @@ fn precision_bytes(p: Precision) -> (f64, bool) {
 }
 
 /// Stored bytes per quantized base-weight element, block constants included.
-fn quantized_bytes(q: Quantization, in_features: f64) -> Option<f64> {
-    match q {
+fn quantized_bytes(job: &ValidatedJob, in_features: f64) -> Option<f64> {
+    let bits = f64::from(job.quantization_bits);
+    let group = job
+        .quantization_group
+        .map_or(in_features, |g| g as f64)
+        .max(1.0);
+    match job.quantization {
         Quantization::None => None,
         // LLM.int8: int8 weight + one fp32 scale per output row.
         Quantization::Int8 => Some(1.0 + 4.0 / in_features.max(1.0)),
@@ -223,6 +228,18 @@ fn quantized_bytes(q: Quantization, in_features: f64) -> Option<f64> {
         Quantization::Nf4 => Some(0.5 + 4.0 / 64.0),
         // Double quantization: 8-bit absmax per 64 + fp32 per 256 absmax blocks.
         Quantization::Nf4Double => Some(0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)),
+        // GPTQ's `QuantLinear` buffers: `qweight` packs `bits` per weight into
+        // int32, `qzeros` `bits` per group and output, `scales` an fp16 per
+        // group and output, `g_idx` an int32 per input row (AutoGPTQ
+        // auto_gptq/nn_modules/qlinear/qlinear_exllamav2.py, `__init__`;
+        // GPTQModel's share the layout). The output width stands in for the
+        // input's in `g_idx`'s share.
+        Quantization::Gptq => {
+            Some(bits / 8.0 + (2.0 + bits / 8.0) / group + 4.0 / in_features.max(1.0))
+        }
+        // AWQ's `WQLinear_GEMM`: the same packing without `g_idx`
+        // (casper-hansen/AutoAWQ awq/modules/linear/gemm.py).
+        Quantization::Awq => Some(bits / 8.0 + (2.0 + bits / 8.0) / group),
     }
 }
 
@@ -524,6 +541,13 @@ fn optimizer_bytes(
         // Two 8-bit states plus an fp32 absmax per 2048-element block each.
         Optimizer::Adamw8bit => (r.master + 2.0 + 8.0 / 2048.0, 0.0, 0.0),
         Optimizer::PagedAdamw8bit => (r.master, 2.0 + 8.0 / 2048.0, 0.0),
+        // torchao's `AdamW4bit`: each moment packs two 4-bit codes per byte
+        // with an fp32 scale per 128-value block (torchao/optim/subclass_4bit.py,
+        // `OptimState4bit.zeros`; tensors under 4096 values keep fp32 moments,
+        // `_AdamBase._new_buffer`, a share the biases and norms make small).
+        // The step dequantizes one parameter's moments to fp32 at a time:
+        // two fp32 copies of the largest tensor (`step_temp_largest`).
+        Optimizer::Adamw4bit => (r.master + 2.0 * (0.5 + 4.0 / 128.0), 0.0, 0.0),
         Optimizer::Sgd => (r.master, 0.0, 0.0),
         Optimizer::SgdMomentum => (r.master + s, 0.0, 0.0),
         // Factored second moment: a row and a column vector per matrix
@@ -590,8 +614,11 @@ fn transformer_stage(
     };
     let small = counts.small as f64 * stage_share;
     let q_in = h;
-    let quant = quantized_bytes(job.quantization, q_in);
+    let quant = quantized_bytes(job, q_in);
     let base_linear_bytes = match quant {
+        // GPTQ and AWQ checkpoints quantize the blocks' linears only; the
+        // head stays in the checkpoint's 16-bit dtype.
+        Some(qb) if job.quantization.is_prequantized() => linear * qb + head * r.weight,
         Some(qb) => (linear + head) * qb,
         None => (linear + head) * r.weight,
     };
@@ -722,6 +749,10 @@ fn transformer_stage(
     let mut optimizer = trainable * opt_alloc;
     let mut optimizer_paged = trainable * opt_paged;
     let mut optimizer_temp = trainable * opt_temp;
+    if t.optimizer == Optimizer::Adamw4bit {
+        // One tensor's moments dequantized to fp32 during its update.
+        optimizer_temp += largest_matrix.min(trainable) * 8.0;
+    }
     if let Some((projected, matrices)) = method.galore_block_state_elements(arch) {
         // GaLore: the block matrices' states are the projected ones; the
         // rest (embedding, head, norms) keep the optimizer's own.
@@ -748,6 +779,10 @@ fn transformer_stage(
     if t.optimizer_in_backward {
         optimizer_temp = optimizer_temp.min(largest_matrix * r.state);
     }
+    if let Some(g) = offloaded_gradients(job, largest_matrix.min(trainable) * r.grad) {
+        grads = grads.min(g);
+        grads_live_in_backward = grads_live_in_backward.min(grads);
+    }
 
     // ---- Activations ----
     let lora_targets: &[String] = job
@@ -760,7 +795,13 @@ fn transformer_stage(
         mixed,
         weights_trainable: t.mode == TrainingMode::Full,
         quantized: job.quantization != Quantization::None,
-        quantized_input_saved: profile.quantization == QuantLibrary::Bitsandbytes,
+        // bitsandbytes' and AWQ's autograd Functions save the input; GPTQ's
+        // torch kernel saves the dequantized weight instead (above).
+        quantized_input_saved: match job.quantization {
+            Quantization::Gptq => false,
+            Quantization::Awq => true,
+            _ => profile.quantization == QuantLibrary::Bitsandbytes,
+        },
         quantized_input_bytes: bounds::quantized_input_bytes(ends),
         frozen_linear_saves_input: profile.frozen_linear_saves_input,
         lora_dropout_per_module: profile.lora_dropout_per_module,
@@ -804,12 +845,44 @@ fn transformer_stage(
     } else {
         enc_blocks
     };
-    let mut per_microbatch = tokens
-        * (kept_enc_blocks * kept_enc + dec_blocks * kept_dec)
+    // An encoder-decoder's decoder runs over the target tokens; its
+    // cross-attention keeps the encoder's projected keys and values, one
+    // per source token, in every decoder block that is not checkpointed.
+    let target_tokens = if arch.kind == Kind::EncoderDecoder {
+        t.target_length.map_or(tokens, |l| b * l as f64 / cp)
+    } else {
+        tokens
+    };
+    let cross_kv =
+        if arch.kind == Kind::EncoderDecoder && t.gradient_checkpointing == Checkpointing::None {
+            (tokens - target_tokens) * elem * 2.0 * (arch.kv_heads * arch.head_dim) as f64 / tp
+        } else {
+            0.0
+        };
+    let mut per_microbatch = (tokens * kept_enc_blocks * kept_enc
+        + dec_blocks * (target_tokens * kept_dec + cross_kv))
         * bounds::saved_activations_share(ends);
     if last {
         per_microbatch += tokens * activations::final_norm_bytes_per_token(arch, &ctx);
     }
+    // A GPTQ kernel that dequantizes with tracked tensor ops keeps each
+    // quantized linear's 16-bit weight for backward
+    // (`bounds::dequantized_saved_share`): a block's worth in every block
+    // that is not checkpointed, and in the block being recomputed.
+    let block_dequant = if inference {
+        0.0
+    } else {
+        bounds::dequantized_saved_share(ends, job.quantization) * counts.block_linear as f64 / tp
+            * elem
+    };
+    let dequant_kept_share = {
+        let every = t.checkpoint_every.unwrap_or(1).max(1) as f64;
+        match t.gradient_checkpointing {
+            Checkpointing::None | Checkpointing::Selective => 1.0,
+            Checkpointing::Full | Checkpointing::OpSelective => (every - 1.0) / every,
+        }
+    };
+    per_microbatch += block_dequant * (kept_enc_blocks + dec_blocks) * dequant_kept_share;
     if t.activation_offloading && t.gradient_checkpointing != Checkpointing::None {
         // Checkpointed inputs go to host memory; two blocks' stay for prefetch.
         per_microbatch =
@@ -841,11 +914,11 @@ fn transformer_stage(
         } else {
             0.0
         };
-        layer_activations + casts
+        layer_activations + casts + block_dequant
     };
 
     // ---- Logits and loss ----
-    let logit_tokens = tokens;
+    let logit_tokens = target_tokens;
     let vocab_rank = v / tp;
     let (mut logits_forward, mut logits_backward) = (0.0, 0.0);
     // The model's own logits, while the loop holds them through backward.
@@ -905,10 +978,17 @@ fn transformer_stage(
     );
     // ---- Inputs ----
     // input_ids and labels (int64), plus data kept on the GPU.
-    let inputs = b * s * 16.0 + t.data_on_gpu_bytes as f64 + unmodelled;
+    // With a target apart from the source, its labels and decoder input ids.
+    let inputs = (tokens + target_tokens) * 8.0 * cp + t.data_on_gpu_bytes as f64 + unmodelled;
 
     // ---- Temporaries ----
     let i_width = arch.mlp_width_per_token() / tp;
+    // A 4-bit weight dequantized to fp16 is cast once more to a bf16 or fp32 compute dtype.
+    let cast_from_fp16 = if matches!(t.precision, Precision::Fp16 | Precision::Fp16Mixed) {
+        0.0
+    } else {
+        elem
+    };
     let dequant = match job.quantization {
         Quantization::None => 0.0,
         Quantization::Int8 => largest_matrix * elem,
@@ -922,14 +1002,25 @@ fn transformer_stage(
         {
             largest_matrix * elem
         }
-        Quantization::Nf4 | Quantization::Nf4Double => {
-            let cast = if matches!(t.precision, Precision::Fp16 | Precision::Fp16Mixed) {
-                0.0
-            } else {
-                elem
-            };
-            largest_matrix * (2.0 + cast)
+        Quantization::Nf4 | Quantization::Nf4Double => largest_matrix * (2.0 + cast_from_fp16),
+        // GPTQModel's torch kernel unpacks the codes to int8 (int16 at 8
+        // bits), subtracts the zero points (as many again), scales to fp16
+        // and casts to the input's dtype (gptqmodel/nn_modules/qlinear,
+        // `dequantize_weight`, `_forward`).
+        Quantization::Gptq => {
+            let code = if job.quantization_bits > 4 { 2.0 } else { 1.0 };
+            largest_matrix * (2.0 * code + 2.0 + cast_from_fp16)
         }
+        // AutoAWQ dequantizes to fp16 for the forward matmul.
+        Quantization::Awq => largest_matrix * 2.0,
+    };
+    // Backward of AWQ's `WQLinearMMFunction` dequantizes again, casts to the
+    // gradient's dtype and repeats the weight once per sample for a batched
+    // matmul (`weights.transpose(0, 1).unsqueeze(0).repeat(batch_size, 1, 1)`).
+    let dequant_backward = if job.quantization == Quantization::Awq {
+        largest_matrix * (2.0 + cast_from_fp16 + 2.0 * b)
+    } else {
+        dequant
     };
     let mlp_planes = match arch.mlp {
         crate::estimate::arch::Mlp::Gated => 3.0,
@@ -953,7 +1044,7 @@ fn transformer_stage(
         0.0
     };
     let temp_backward = tokens * elem * bounds::backward_temporaries(ends, i_width, h, scores_grad)
-        + dequant
+        + dequant_backward
         + weight_grad_temp
         + recompute;
     let temp_head = dequant + weight_grad_temp;
@@ -1098,6 +1189,32 @@ fn transformer_stage(
     }
 }
 
+/// Bytes of gradients left on the GPU when the optimizer is offloaded, given
+/// the largest single gradient's bytes; `None`: they stay as without offload.
+///
+/// - DeepSpeed ZeRO-Offload moves each gradient partition to the host's fp32
+///   buffer as its bucket is reduced (deepspeed/runtime/zero/stage_1_and_2.py,
+///   `async_accumulate_grad_in_cpu_via_gpu` with a parameter-sized GPU
+///   staging buffer; stage3.py `partition_grads`): the buckets are counted as
+///   communication buffers, and one gradient being staged plus the next remain.
+/// - FSDP offloading parameters (FSDP1 `CPUOffload(offload_params=True)`,
+///   FSDP2 `CPUOffloadPolicy`) copies the sharded gradients to the host after
+///   the reduce-scatter, whose buffers are counted as communication.
+/// - torchao's `CPUOffloadOptimizer(offload_gradients=True)` copies each
+///   gradient to the host from its post-accumulate hook and frees it
+///   (torchao/optim/cpu_offload.py): the one being copied and the next.
+///   Without `offload_gradients` the gradients stay on the GPU.
+fn offloaded_gradients(job: &ValidatedJob, largest_grad: f64) -> Option<f64> {
+    let p = &job.spec.parallelism;
+    match (p.offload, p.strategy) {
+        (Offload::None, _) => None,
+        (_, Strategy::Deepspeed) => Some(2.0 * largest_grad),
+        (Offload::OptimizerAndParameters, Strategy::Fsdp) => Some(0.0),
+        (Offload::Optimizer, Strategy::Ddp) if p.offload_gradients => Some(2.0 * largest_grad),
+        _ => None,
+    }
+}
+
 /// Gradients and optimizer states of `trainable` parameters under the job's
 /// ZeRO stage and offload: (grads, optimizer, paged optimizer, optimizer temporaries).
 fn sharded_states(
@@ -1112,6 +1229,9 @@ fn sharded_states(
     let mut grads = trainable * r.grad;
     if p.zero() >= 2 {
         grads /= dp;
+    }
+    if let Some(g) = offloaded_gradients(job, grads) {
+        grads = grads.min(g);
     }
     if matches!(
         p.offload,
@@ -1149,7 +1269,7 @@ fn custom_stage(
         // Without a shape the adapter size must be given; 1 % is the usual LoRA order.
         _ => t.trainable_parameters.unwrap_or(parameters * 0.01),
     };
-    let qb = quantized_bytes(job.quantization, 4096.0).unwrap_or(r.weight);
+    let qb = quantized_bytes(job, 4096.0).unwrap_or(r.weight);
     let mut weights = parameters * qb;
     if t.mode != TrainingMode::Full {
         weights += trainable * r.weight;
@@ -1220,7 +1340,7 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
         // Validation requires the count for adapter modes on layer lists.
         _ => t.trainable_parameters.unwrap_or(0.0),
     };
-    let qb = quantized_bytes(job.quantization, 4096.0);
+    let qb = quantized_bytes(job, 4096.0);
     let mut weights = match qb {
         Some(q) => matrices * q + others * r.weight,
         None => params * r.weight,

@@ -95,6 +95,7 @@ pub fn phrase(knobs: Knobs, from: &Settings, to: &Settings) -> Vec<String> {
         let hf = match to.optimizer {
             Optimizer::Adamw8bit => Some("adamw_bnb_8bit"),
             Optimizer::PagedAdamw8bit => Some("paged_adamw_8bit"),
+            Optimizer::Adamw4bit => Some("adamw_torch_4bit"),
             Optimizer::PagedAdamw => Some("paged_adamw_32bit"),
             Optimizer::Adafactor => Some("adafactor"),
             _ => None,

@@ -315,6 +315,7 @@ fn hf_optimizer(v: &str) -> Option<Optimizer> {
         "adafactor" => Optimizer::Adafactor,
         "adamw_bnb_8bit" | "adamw_8bit" | "adamw_torch_8bit" => Optimizer::Adamw8bit,
         "paged_adamw_8bit" => Optimizer::PagedAdamw8bit,
+        "adamw_torch_4bit" => Optimizer::Adamw4bit,
         "paged_adamw_32bit" | "paged_adamw" => Optimizer::PagedAdamw,
         "sgd" => Optimizer::Sgd,
         _ => return None,
@@ -746,6 +747,7 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
             "AdamW" | "Adam" => Optimizer::Adamw,
             "AdamW8bit" | "Adam8bit" => Optimizer::Adamw8bit,
             "PagedAdamW8bit" => Optimizer::PagedAdamw8bit,
+            "AdamW4bit" | "Adam4bit" => Optimizer::Adamw4bit,
             "PagedAdamW" => Optimizer::PagedAdamw,
             "SGD" => Optimizer::SgdMomentum,
             _ => {

@@ -108,7 +108,9 @@ pub fn zero_stage(stage: u8) -> f64 {
 /// Step time of an optimizer relative to the 32-bit one it replaces.
 pub fn optimizer(o: Optimizer) -> f64 {
     match o {
-        Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit => EIGHT_BIT_OPTIMIZER,
+        Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit | Optimizer::Adamw4bit => {
+            EIGHT_BIT_OPTIMIZER
+        }
         _ => 1.0,
     }
 }
