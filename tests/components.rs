@@ -450,3 +450,28 @@ training: {stack: hf-trainer, microBatchSize: 4, sequenceLength: 512TARGET, prec
     // Not less than the encoder's share: half the blocks run the full source.
     assert!(acts(&short) > 0.4 * acts(&same));
 }
+
+#[test]
+fn torchtitan_keeps_a_pipeline_stage_gathered_between_its_forward_and_backward() {
+    // Llama-3-8B over 2 pipeline stages × 4 FSDP ranks: 16 blocks per stage,
+    // 218,103,808 linear weights per block.
+    let spec = "model: {preset: llama-3-8b}
+training: {stack: STACK, microBatchSize: 1, globalBatchSize: 8, sequenceLength: 2048, precision: bf16-mixed, batching: packed}
+parallelism: {gpus: 8, strategy: fsdp, pipelineParallel: 2}
+";
+    let weights = |stack: &str| {
+        let e = est_on(&spec.replace("STACK", stack), "h100-80gb");
+        at(&e, StepPhase::BackwardStart, Component::Weights)
+    };
+    let block = LLAMA3_LINEAR / 32.0 * 2.0;
+    let titan = weights("torchtitan");
+    // torchtune reshards after forward: the block and the next one gathered.
+    let tune = weights("torchtune");
+    assert!(titan >= 16.0 * block, "{titan}");
+    assert!(
+        close(titan - tune, 14.0 * block),
+        "{} vs {}",
+        titan - tune,
+        14.0 * block
+    );
+}

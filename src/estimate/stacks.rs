@@ -99,6 +99,13 @@ pub struct Profile {
     /// Transformers model's `forward(labels=...)` (whose logits copies differ
     /// between releases: `bounds::logits_extra_bytes`).
     pub own_loss: bool,
+    /// Under pipeline parallelism FSDP does not reshard a stage's blocks after
+    /// forward, so every block of the stage stays gathered from its forward
+    /// through its backward: torchtitan's `apply_fsdp` sets
+    /// `reshard_after_forward=False` when `pp_enabled` under its default
+    /// `reshard_after_forward_policy` ("to avoid per-microbatch all-gathers";
+    /// pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py).
+    pub unsharded_stage_under_pp: bool,
 }
 
 /// A plain PyTorch loop: `torch.optim.AdamW()` with no implementation asked
@@ -118,6 +125,7 @@ const CUSTOM: Profile = Profile {
     quantization: QuantLibrary::Bitsandbytes,
     loss_chunking: LossChunking::Tokens(128),
     own_loss: false,
+    unsharded_stage_under_pp: false,
 };
 
 /// The profiles of `stack`, most likely first. Where a stack's own default
@@ -181,6 +189,7 @@ fn stack_profiles(stack: Stack) -> Vec<Profile> {
             logits_kept: false,
             optimizer: OptimizerImplementation::Fused,
             shards_over_context_parallel: true,
+            unsharded_stage_under_pp: true,
             ..base
         }],
         // `logits = model(input_ids, lm_head_chunk_size=128)` stays in scope
@@ -263,6 +272,9 @@ impl Profile {
         }
         if p.context_parallel <= 1 || p.zero() == 0 {
             self.shards_over_context_parallel = false;
+        }
+        if p.pipeline_parallel <= 1 || p.zero() != 3 {
+            self.unsharded_stage_under_pp = false;
         }
         if t.global_batch_size.is_some() || t.mode == TrainingMode::Inference {
             self.accumulates_by_default = false;

@@ -674,8 +674,14 @@ fn transformer_stage(
     let (gathered, frozen_from_start) = bounds::gathered_units(ends);
     if zero == 3 && !inference {
         weights /= dp;
-        // The block being computed plus the prefetched next one.
-        weight_transient += gathered * block_gathered;
+        // The block being computed plus the prefetched next one; every block
+        // of the stage where FSDP keeps them gathered between a stage's
+        // forward and its backward (`Profile::unsharded_stage_under_pp`).
+        weight_transient += if profile.unsharded_stage_under_pp {
+            block_gathered * stage_blocks.max(gathered)
+        } else {
+            gathered * block_gathered
+        };
         if profile.frozen_units_stay_unsharded {
             // FSDP1 reshards a unit after backward from its gradient hook;
             // frozen units get no gradient, so without the reshard-only hook
