@@ -332,3 +332,42 @@ fn calibration_rows_are_reproduced() {
         over * 100.0
     );
 }
+
+/// The simulator's `truth: {residuals: calibration}` draws a job's true need
+/// from these rows' measured / estimated ratios, by recipe; the shipped table
+/// must be what the estimator gives today. `VRAMGUARD_WRITE_RESIDUALS=1`
+/// rewrites it.
+#[test]
+fn the_simulators_residual_table_is_the_calibrations() {
+    let Some(dir) = calibration_dir() else {
+        panic!("no calibration data: neither ../shared/calibration nor tests/data/calibration");
+    };
+    let (rows, _, _) = run_rows(&dir);
+    let asserted: Vec<&Row> = rows.iter().filter(|r| r.confidence != "low").collect();
+    let mut text = String::from(
+        "# Measured / estimated ratios of the calibration rows (high and medium confidence),\n\
+         # by recipe: what a simulate scenario's `truth: {residuals: calibration}` draws a job\n\
+         # shape's true need from. Written by\n\
+         # `VRAMGUARD_WRITE_RESIDUALS=1 cargo test --release --test calibration`, which\n\
+         # also checks it against the rows.\n\
+         recipes:\n",
+    );
+    for (task, sel) in group_by(&asserted, |r| r.task.clone()) {
+        let mut ratios: Vec<f64> = sel.iter().map(|r| 1.0 / (1.0 + r.error)).collect();
+        ratios.sort_by(f64::total_cmp);
+        let list: Vec<String> = ratios.iter().map(|r| format!("{r:.4}")).collect();
+        text.push_str(&format!("  {task}: [{}]\n", list.join(", ")));
+    }
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/simulate/calibration-residuals.yaml");
+    if std::env::var_os("VRAMGUARD_WRITE_RESIDUALS").is_some() {
+        std::fs::write(&path, &text).expect("write the residual table");
+    }
+    let shipped = std::fs::read_to_string(&path).expect("the residual table");
+    assert_eq!(
+        shipped,
+        text,
+        "{} is stale: rerun with VRAMGUARD_WRITE_RESIDUALS=1",
+        path.display()
+    );
+}

@@ -239,3 +239,52 @@ fn a_burst_of_one_underestimated_shape_ooms_once_never_twice() {
     assert!(sum.oomed <= 13, "a job after the lesson OOMed: {text}");
     assert_eq!(sum.succeeded, 16, "{text}");
 }
+
+#[test]
+fn a_day_drawn_from_the_calibrations_residuals_holds_every_invariant() {
+    let text = std::fs::read_to_string(repo("examples/scenarios/mixed-day-measured.yaml")).unwrap();
+    let s = scenario::parse(&text).expect("scenario");
+    let table = s.residuals.as_ref().expect("residuals: calibration");
+    assert!(
+        table.contains_key("lora") && table.contains_key("qlora"),
+        "{table:?}"
+    );
+    // Each job shape draws one of its recipe's measured ratios.
+    let prepared = simulate::prepare(&s);
+    let lora: Vec<f64> = prepared
+        .iter()
+        .filter(|p| p.arrival.group == "llama8b-lora")
+        .map(|p| match p.truth {
+            scenario::TrueNeed::Factor(f) => f,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(!lora.is_empty());
+    assert!(lora.iter().all(|f| table["lora"].contains(f)), "{lora:?}");
+    let report = simulate::run(&s).expect("simulation");
+    let out = report.text(200);
+    println!("{out}");
+    for name in invariants::ALL {
+        let v = &report.invariants[name];
+        assert!(v.holds, "{name}: {}\n{out}", v.detail);
+    }
+}
+
+#[test]
+fn a_bad_residual_table_names_its_field() {
+    let base = "name: day\nseed: 1\nduration: 1h\ntruth: TRUTH\nnodes:\n  - {name: node-a, product: h100-80gb, gpus: 1}\njobs:\n  - name: job-a\n    duration: 1h\n    spec: {model: {preset: gpt2}}\n";
+    for (truth, path) in [
+        ("{residuals: measured}", "truth.residuals"),
+        ("{residuals: {lora: []}}", "truth.residuals.lora"),
+        ("{residuals: {lora: [0.9, -1]}}", "truth.residuals.lora"),
+        (
+            "{residuals: calibration, spread: [0.9, 1.0]}",
+            "truth.residuals",
+        ),
+    ] {
+        let err = scenario::parse(&base.replace("TRUTH", truth))
+            .expect_err(truth)
+            .to_string();
+        assert!(err.contains(path), "{truth}: {err}");
+    }
+}

@@ -67,9 +67,10 @@ pub fn prepare(scenario: &Scenario) -> Vec<Prepared> {
             let validated = api::validate_job(&a.job).ok();
             let truth = match (a.true_need, &validated) {
                 (Some(t), _) => t,
-                (None, Some(v)) => {
-                    TrueNeed::Factor(truth::drawn_factor(v, scenario.seed, scenario.spread))
-                }
+                (None, Some(v)) => TrueNeed::Factor(match &scenario.residuals {
+                    Some(table) => truth::drawn_residual(v, scenario.seed, table),
+                    None => truth::drawn_factor(v, scenario.seed, scenario.spread),
+                }),
                 (None, None) => TrueNeed::Factor(1.0),
             };
             Prepared {

@@ -3,7 +3,7 @@
 //! they truly need) and the faults. Read once into a [`Scenario`]; every
 //! error names the field (`jobs[2].duration: ...`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
@@ -139,19 +139,93 @@ fn default_ttl() -> Secs {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct TruthFile {
-    #[serde(default = "default_spread")]
-    spread: [f64; 2],
+    #[serde(default)]
+    spread: Option<[f64; 2]>,
+    /// Measured / estimated ratios by recipe to draw from instead of `spread`:
+    /// `calibration` (the calibration rows' own) or a table of lists.
+    #[serde(default)]
+    residuals: Option<ResidualsFile>,
     #[serde(default = "default_oom_after")]
     oom_after: Secs,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ResidualsFile {
+    Named(String),
+    Table(BTreeMap<String, Vec<f64>>),
 }
 
 impl Default for TruthFile {
     fn default() -> Self {
         TruthFile {
-            spread: default_spread(),
+            spread: None,
+            residuals: None,
             oom_after: default_oom_after(),
         }
     }
+}
+
+/// The calibration rows' measured / estimated ratios by recipe, as
+/// `tests/calibration.rs` computes them from `../shared/calibration` (and
+/// checks this copy against).
+pub const CALIBRATION_RESIDUALS: &str = include_str!("calibration-residuals.yaml");
+
+/// Ratios by recipe: each list non-empty, each ratio in (0, 100].
+pub type Residuals = BTreeMap<String, Vec<f64>>;
+
+fn residual_table(file: ResidualsFile) -> Result<Residuals, ScenarioError> {
+    let table = match file {
+        ResidualsFile::Named(name) if name == "calibration" => {
+            #[derive(Deserialize)]
+            struct Shipped {
+                recipes: Residuals,
+            }
+            let shipped: Shipped = serde_saphyr::from_str(CALIBRATION_RESIDUALS).map_err(|e| {
+                field(
+                    "truth.residuals",
+                    format!("the shipped calibration table: {e}"),
+                )
+            })?;
+            shipped.recipes
+        }
+        ResidualsFile::Named(other) => {
+            return Err(field(
+                "truth.residuals",
+                format!(
+                    "{other:?} is not a residual table; use calibration or a map of recipe to ratios, e.g. {{lora: [0.97, 1.02]}}"
+                ),
+            ));
+        }
+        ResidualsFile::Table(t) => t,
+    };
+    if table.is_empty() {
+        return Err(field("truth.residuals", "needs at least one recipe"));
+    }
+    for (recipe, ratios) in &table {
+        if ratios.is_empty() {
+            return Err(field(
+                format!("truth.residuals.{recipe}"),
+                "needs at least one ratio",
+            ));
+        }
+        if ratios.len() > 100_000 {
+            return Err(field(
+                format!("truth.residuals.{recipe}"),
+                format!("{} ratios; at most 100000", ratios.len()),
+            ));
+        }
+        if let Some(r) = ratios
+            .iter()
+            .find(|r| !(r.is_finite() && **r > 0.0 && **r <= 100.0))
+        {
+            return Err(field(
+                format!("truth.residuals.{recipe}"),
+                format!("{r} is not a measured / estimated ratio; 0 < ratio <= 100"),
+            ));
+        }
+    }
+    Ok(table)
 }
 
 fn default_spread() -> [f64; 2] {
@@ -289,6 +363,8 @@ pub struct Scenario {
     pub agent_interval: f64,
     pub agent_ttl: f64,
     pub spread: (f64, f64),
+    /// Measured / estimated ratios by recipe, drawn from instead of `spread`.
+    pub residuals: Option<Residuals>,
     pub oom_after: f64,
     pub sample_every: f64,
     pub nodes: Vec<NodeSpec>,
@@ -398,7 +474,14 @@ pub fn parse_within(text: &str, memory: Option<u64>) -> Result<Scenario, Scenari
             e.into_inner().to_string(),
         )
     })?;
-    let [lo, hi] = file.truth.spread;
+    if file.truth.spread.is_some() && file.truth.residuals.is_some() {
+        return Err(field(
+            "truth.residuals",
+            "give spread or residuals, not both",
+        ));
+    }
+    let [lo, hi] = file.truth.spread.unwrap_or_else(default_spread);
+    let residuals = file.truth.residuals.map(residual_table).transpose()?;
     if !(lo.is_finite() && hi.is_finite() && lo > 0.0 && lo <= hi && hi <= 100.0) {
         return Err(field(
             "truth.spread",
@@ -672,6 +755,7 @@ pub fn parse_within(text: &str, memory: Option<u64>) -> Result<Scenario, Scenari
         agent_interval: file.agents.interval.0,
         agent_ttl: file.agents.ttl.0,
         spread: (lo, hi),
+        residuals,
         oom_after: file.truth.oom_after.0,
         sample_every,
         nodes,
