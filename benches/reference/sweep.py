@@ -548,10 +548,13 @@ class Progress:
                           f"{spent:.0f} s, ~{left:.0f} s left: {rid}")
         self.stream.flush()
 
-    def close(self):
+    def clear(self):
+        """Erase the line, so that what is printed next starts at the left margin."""
         if self.on and self.done:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+    close = clear
 
 
 def main():
@@ -588,7 +591,8 @@ def main():
             if err:
                 failed += 1
                 # A failure is kept on screen above the progress line.
-                print(f"{chr(13) if progress.on else ''}{rid}: failed: {err}", file=sys.stderr)
+                progress.clear()
+                print(f"{rid}: failed: {err}", file=sys.stderr)
                 continue
             r = row["result"]
             with open(os.path.join(args.out, "jobs", f"{rid}.yaml"), "w") as f:

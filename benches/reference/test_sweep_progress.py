@@ -39,6 +39,14 @@ class ProgressTest(unittest.TestCase):
         self.assertIn("[2/4] 1 failed, 20 s, ~20 s left: b", text)
         self.assertTrue(text.endswith("\r\x1b[K"))
 
+    def test_a_failure_line_starts_on_a_cleared_line(self):
+        out = Tty()
+        p = Progress(3, out, True, clock=iter([0.0, 1.0]).__next__)
+        p.step("a", failed=True)
+        p.clear()
+        out.write("a: failed\n")
+        self.assertTrue(out.getvalue().endswith("\r\x1b[Ka: failed\n"))
+
     def test_off_writes_nothing(self):
         out = io.StringIO()
         p = Progress(2, out, False)
