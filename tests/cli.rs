@@ -62,6 +62,8 @@ fn command(args: &[&str]) -> Command {
         "VRAMGUARD_GPU",
         "VRAMGUARD_GPUS",
         "VRAMGUARD_OUTPUT",
+        "VRAMGUARD_COLOR",
+        "VRAMGUARD_ERROR_FORMAT",
     ] {
         cmd.env_remove(var);
     }
@@ -1244,4 +1246,105 @@ fn simulate_progress_only_when_asked_or_on_a_terminal() {
     }
     assert_eq!(a["summary"], b["summary"]);
     assert_eq!(a["invariants"], b["invariants"]);
+}
+
+#[test]
+fn colour_only_when_asked_never_in_a_pipe() {
+    let job = example("llama-3.1-8b-lora-h100.yaml");
+    // Standard output is a pipe here: auto (the default) writes no escape code.
+    for extra in [&[][..], &["--color", "auto"], &["--color", "never"]] {
+        let piped = estimate(&job, extra);
+        assert_eq!(piped.code, 0, "{}", piped.stderr);
+        assert!(
+            !piped.stdout.contains('\x1b'),
+            "{extra:?}:\n{}",
+            piped.stdout
+        );
+    }
+    let coloured = estimate(&job, &["--color", "always"]);
+    assert!(
+        coloured.stdout.contains("\x1b[32mfits with"),
+        "the verdict in green:\n{}",
+        coloured.stdout
+    );
+    // The plain text is the same once the escapes are taken out.
+    let plain = estimate(&job, &[]).stdout;
+    let stripped = coloured
+        .stdout
+        .split('\x1b')
+        .enumerate()
+        .map(|(i, part)| {
+            if i == 0 {
+                part
+            } else {
+                part.split_once('m').map_or(part, |(_, rest)| rest)
+            }
+        })
+        .collect::<String>();
+    assert_eq!(stripped, plain);
+    // JSON never carries colour.
+    let json = estimate(&job, &["--color", "always", "-o", "json"]);
+    assert!(!json.stdout.contains('\x1b'));
+    let max = run(&["max", "--model", "gpt2", "--color", "always"]);
+    assert!(max.stdout.contains("\x1b[32mfits\x1b[0m"), "{}", max.stdout);
+}
+
+#[test]
+fn error_format_json_lists_every_problem() {
+    let bad = b"apiVersion: vramguard.io/v1alpha1
+kind: TrainingJob
+metadata: {name: bad}
+spec:
+  model: {preset: no-such-model}
+  training: {mode: lorax, microBatchSize: 0, sequenceLength: 4096, precision: bf16}
+";
+    let file = TempFile::new(bad);
+    let path = file.0.to_str().expect("temp paths are UTF-8");
+    let text = run(&["estimate", "-f", path, "-o", "json"]);
+    assert_eq!(text.code, 2);
+    let json = run(&[
+        "estimate",
+        "-f",
+        path,
+        "-o",
+        "json",
+        "--error-format",
+        "json",
+    ]);
+    assert_eq!(json.code, 2);
+    assert_eq!(json.stdout, text.stdout);
+    let v: Value = serde_json::from_str(&json.stderr).expect("one JSON object on stderr");
+    let errors = v["errors"].as_array().expect("errors");
+    let paths: std::collections::BTreeSet<&str> =
+        errors.iter().filter_map(|e| e["path"].as_str()).collect();
+    for want in [
+        "spec.model.preset",
+        "spec.training.mode",
+        "spec.training.microBatchSize",
+    ] {
+        assert!(paths.contains(want), "{want} missing: {}", json.stderr);
+    }
+    // The same problems as the text lines, one for one.
+    let lines: Vec<&str> = text.stderr.lines().collect();
+    assert_eq!(lines.len(), errors.len());
+    for (line, e) in lines.iter().zip(errors) {
+        assert_eq!(line.strip_prefix("error: "), e["message"].as_str());
+        assert_eq!(e["document"], "bad");
+        assert_eq!(e["source"], path);
+    }
+    // A flag's problem names the flag; `max` reports the same way.
+    let flags = run(&[
+        "max",
+        "--model",
+        "gpt2",
+        "--mode",
+        "lorax",
+        "--error-format",
+        "json",
+    ]);
+    assert_eq!(flags.code, 2);
+    let v: Value = serde_json::from_str(&flags.stderr).expect("JSON");
+    assert_eq!(v["errors"][0]["path"], "spec.training.mode");
+    assert_eq!(v["errors"][0]["flag"], "--mode");
+    assert_eq!(v["errors"][0]["source"], "flags");
 }

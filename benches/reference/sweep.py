@@ -517,6 +517,46 @@ def worker(item):
     return rid, dict(result=r, job=job(rid, c, cfg, r["trainable"])), None
 
 
+def progress_wanted(choice, stream, environ):
+    """`--progress auto`: on a terminal only, and not in CI (`CI` set) or with `TERM=dumb`."""
+    if choice != "auto":
+        return choice == "always"
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return tty and not environ.get("CI") and environ.get("TERM") != "dumb"
+
+
+class Progress:
+    """One line on a terminal, rewritten after each configuration: done of total, failed,
+    elapsed and the time left at the pace so far. Off: writes nothing."""
+
+    def __init__(self, total, stream, on, clock=time.monotonic):
+        self.total, self.stream, self.on, self.clock = total, stream, on, clock
+        self.done = self.failed = 0
+        self.t0 = clock()
+
+    def step(self, rid, failed=False):
+        self.done += 1
+        self.failed += int(failed)
+        if not self.on:
+            return
+        spent = self.clock() - self.t0
+        left = spent / self.done * (self.total - self.done)
+        self.stream.write(f"\r\x1b[K[{self.done}/{self.total}] {self.failed} failed, "
+                          f"{spent:.0f} s, ~{left:.0f} s left: {rid}")
+        self.stream.flush()
+
+    def clear(self):
+        """Erase the line, so that what is printed next starts at the left margin."""
+        if self.on and self.done:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+    close = clear
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run the ids that contain this text")
@@ -524,6 +564,9 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the ids and exit")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=ROWS, help="where jobs/ and expected.json go")
+    ap.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
+                    help="a progress line on stderr (auto: on a terminal, not in CI); "
+                         "without it, one line per configuration")
     args = ap.parse_args()
     runs = [(rid, c) for rid, c in configurations() if args.only in rid]
     if args.subset == "ci":
@@ -539,11 +582,16 @@ def main():
     expected = json.load(open(path)) if os.path.exists(path) else {}
     failed = 0
     t0 = time.time()
+    progress = Progress(len(runs), sys.stderr,
+                        progress_wanted(args.progress, sys.stderr, os.environ))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(args.jobs) as pool:
         for rid, row, err in pool.imap_unordered(worker, runs):
+            progress.step(rid, failed=bool(err))
             if err:
                 failed += 1
+                # A failure is kept on screen above the progress line.
+                progress.clear()
                 print(f"{rid}: failed: {err}", file=sys.stderr)
                 continue
             r = row["result"]
@@ -561,8 +609,10 @@ def main():
                 peak_phase=r["peak_phase"], breakdown=r["breakdown"],
                 phases=r["phases"], attention_kernels=r["kernels"],
                 trainable_parameters=r["trainable"])
-            print(f"{rid}: {r['peak_bytes'] / 2**30:.3f} GiB at {r['peak_phase']} "
-                  f"({r['seconds']} s)", file=sys.stderr)
+            if not progress.on:
+                print(f"{rid}: {r['peak_bytes'] / 2**30:.3f} GiB at {r['peak_phase']} "
+                      f"({r['seconds']} s)", file=sys.stderr)
+    progress.close()
     with open(path, "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use super::paint::{ColorChoice, Paint};
+use super::problems::{ErrorFormat, Problems};
 use super::spec_flags::SpecFlags;
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
 use crate::api::{self, EstimateStatus, GpuNode, ValidatedJob, parse};
@@ -79,6 +81,13 @@ pub struct EstimateArgs {
     /// Also write the picture of the step (what `-o svg` prints) to FILE (one job).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// How bad input is reported on standard error: `error:` lines, or one JSON object
+    /// `{"errors": [{"path", "reason", ...}]}` for programs.
+    #[arg(long, env = "VRAMGUARD_ERROR_FORMAT", value_enum, default_value_t = ErrorFormat::Text)]
+    pub error_format: ErrorFormat,
+    /// Colour in the table: on a terminal (auto, unless NO_COLOR is set), always or never.
+    #[arg(long, env = "VRAMGUARD_COLOR", value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
     #[command(flatten)]
     pub spec: SpecFlags,
 }
@@ -588,25 +597,21 @@ fn print_spec(
     docs: Vec<serde_json::Value>,
     flags: &SpecFlags,
     out: &mut dyn Write,
-    err: &mut dyn Write,
+    err: &mut Problems,
 ) -> u8 {
-    let mut bad = false;
     for r in validate_documents(docs.clone(), flags) {
         if let Err(e) = r {
-            bad = true;
-            for line in e.message.lines() {
-                let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
-            }
+            err.add(Some(source), Some(&e.location), &e.message);
         }
     }
-    if bad {
+    if err.any() {
         return EXIT_BAD_INPUT;
     }
     for (i, doc) in docs.iter().enumerate() {
         let text = match serde_saphyr::to_string(doc) {
             Ok(t) => t,
             Err(e) => {
-                let _ = writeln!(err, "error: writing the spec: {e}");
+                err.add(None, None, &format!("writing the spec: {e}"));
                 return EXIT_BAD_INPUT;
             }
         };
@@ -625,28 +630,36 @@ pub fn run_estimate(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    let mut problems = Problems::new(args.error_format);
+    let code = estimate_to(args, stdin, out, &mut problems);
+    problems.write(err);
+    code
+}
+
+fn estimate_to(
+    args: &EstimateArgs,
+    stdin: &mut dyn Read,
+    out: &mut dyn Write,
+    err: &mut Problems,
+) -> u8 {
     let cluster = match args.cluster.as_deref().map(read_cluster).transpose() {
         Ok(c) => c,
         Err(e) => {
-            for line in e.lines() {
-                let _ = writeln!(err, "error: {line}");
-            }
+            err.add(None, None, &e);
             return EXIT_BAD_INPUT;
         }
     };
     let targets = match resolve_gpus(args) {
         Ok(t) => t,
         Err(e) => {
-            let _ = writeln!(err, "error: {e}");
+            err.add(None, None, &e);
             return EXIT_BAD_INPUT;
         }
     };
     let (source, docs) = match job_documents(args.file.as_deref(), &args.spec, stdin) {
         Ok(d) => d,
         Err(e) => {
-            for line in e.lines() {
-                let _ = writeln!(err, "error: {line}");
-            }
+            err.add(None, None, &e);
             return EXIT_BAD_INPUT;
         }
     };
@@ -661,16 +674,14 @@ pub fn run_estimate(
             Ok(rep) => reports.push(rep),
             Err(e) => {
                 bad = true;
-                for line in e.message.lines() {
-                    let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
-                }
+                err.add(Some(&source), Some(&e.location), &e.message);
             }
         }
     }
     if let Some(nodes) = &cluster
         && let Err(e) = place_all(&mut reports, nodes, &args.tolerate)
     {
-        let _ = writeln!(err, "error: {source}: {e}");
+        err.add(Some(&source), None, &e);
         return EXIT_BAD_INPUT;
     }
     let picture = args.output == OutputFormat::Svg || args.plot.is_some();
@@ -682,7 +693,7 @@ pub fn run_estimate(
                 match super::plot::step_svg(job, name, targets[0]) {
                     Ok(s) => Some(s),
                     Err(e) => {
-                        let _ = writeln!(err, "error: drawing the step: {e}");
+                        err.add(None, None, &format!("drawing the step: {e}"));
                         return EXIT_BAD_INPUT;
                     }
                 }
@@ -691,10 +702,13 @@ pub fn run_estimate(
         },
         (true, _) if bad => return EXIT_BAD_INPUT,
         (true, many) => {
-            let _ = writeln!(
-                err,
-                "error: -o svg and --plot draw one job; {source} holds {}",
-                many.len()
+            err.add(
+                None,
+                None,
+                &format!(
+                    "-o svg and --plot draw one job; {source} holds {}",
+                    many.len()
+                ),
             );
             return EXIT_BAD_INPUT;
         }
@@ -702,12 +716,12 @@ pub fn run_estimate(
     if let (Some(path), Some(svg)) = (&args.plot, &svg)
         && let Err(e) = std::fs::write(path, svg)
     {
-        let _ = writeln!(err, "error: --plot {}: {e}", path.display());
+        err.add(None, None, &format!("--plot {}: {e}", path.display()));
         return EXIT_BAD_INPUT;
     }
     let written = match args.output {
         OutputFormat::Svg => out.write_all(svg.unwrap_or_default().as_bytes()),
-        OutputFormat::Table => render::table(&reports, out),
+        OutputFormat::Table => render::table(&reports, Paint::new(args.color), out),
         OutputFormat::Json | OutputFormat::Yaml => structured(&reports, bad, args.output, out),
     };
     finish(written, bad, reports.iter().all(|r| r.fits), err)
@@ -743,10 +757,10 @@ pub(crate) fn finish(
     written: std::io::Result<()>,
     bad: bool,
     all_fit: bool,
-    err: &mut dyn Write,
+    err: &mut Problems,
 ) -> u8 {
     if let Err(e) = written {
-        let _ = writeln!(err, "error: writing output: {e}");
+        err.add(None, None, &format!("writing output: {e}"));
         return EXIT_BAD_INPUT;
     }
     if bad {

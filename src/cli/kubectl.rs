@@ -70,7 +70,8 @@ pub enum KubectlCommand {
 pub fn main() -> ExitCode {
     let cli = KubectlCli::parse();
     let code = match cli.command {
-        KubectlCommand::Estimate(args) => {
+        KubectlCommand::Estimate(mut args) => {
+            args.color = args.color.for_stdout();
             let stdout = std::io::stdout();
             run_estimate(
                 &args,
@@ -79,7 +80,8 @@ pub fn main() -> ExitCode {
                 &mut std::io::stderr(),
             )
         }
-        KubectlCommand::Max(args) => {
+        KubectlCommand::Max(mut args) => {
+            args.color = args.color.for_stdout();
             let stdout = std::io::stdout();
             max::run(
                 &args,

@@ -10,6 +10,8 @@ use serde::Serialize;
 
 use super::EXIT_BAD_INPUT;
 use super::estimate::{OutputFormat, finish, job_documents, structured, validate_documents};
+use super::paint::{ColorChoice, Paint};
+use super::problems::{ErrorFormat, Problems};
 use super::spec_flags::SpecFlags;
 use crate::api::ValidatedJob;
 use crate::estimate::{GIB, GpuProduct, gpus};
@@ -32,6 +34,13 @@ pub struct MaxArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// How bad input is reported on standard error: `error:` lines, or one JSON object
+    /// `{"errors": [{"path", "reason", ...}]}` for programs.
+    #[arg(long, env = "VRAMGUARD_ERROR_FORMAT", value_enum, default_value_t = ErrorFormat::Text)]
+    pub error_format: ErrorFormat,
+    /// Colour in the table: on a terminal (auto, unless NO_COLOR is set), always or never.
+    #[arg(long, env = "VRAMGUARD_COLOR", value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
     #[command(flatten)]
     pub spec: SpecFlags,
 }
@@ -104,7 +113,7 @@ fn cell(l: &Largest) -> String {
     }
 }
 
-fn write_table(reports: &[MaxReport], out: &mut dyn Write) -> std::io::Result<()> {
+fn write_table(reports: &[MaxReport], paint: Paint, out: &mut dyn Write) -> std::io::Result<()> {
     for (i, r) in reports.iter().enumerate() {
         if i > 0 {
             writeln!(out)?;
@@ -112,14 +121,18 @@ fn write_table(reports: &[MaxReport], out: &mut dyn Write) -> std::io::Result<()
         writeln!(
             out,
             "{}: {} on {} ({:.1} GiB usable, {:.0} % margin); written: micro-batch {} × {} tokens, {}",
-            r.name.as_deref().unwrap_or("job"),
+            paint.bold(r.name.as_deref().unwrap_or("job")),
             r.model,
             r.gpu,
             r.usable_bytes as f64 / GIB,
             r.safety_margin * 100.0,
             r.micro_batch_size,
             r.sequence_length,
-            if r.fits { "fits" } else { "does not fit" }
+            if r.fits {
+                paint.good("fits")
+            } else {
+                paint.bad("does not fit")
+            }
         )?;
         let width = r
             .rows
@@ -152,21 +165,29 @@ fn write_table(reports: &[MaxReport], out: &mut dyn Write) -> std::io::Result<()
 
 /// Run `max`; returns the exit code.
 pub fn run(args: &MaxArgs, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let mut problems = Problems::new(args.error_format);
+    let code = max_to(args, stdin, out, &mut problems);
+    problems.write(err);
+    code
+}
+
+fn max_to(args: &MaxArgs, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut Problems) -> u8 {
     let Some(gpu) = gpus::find(&args.gpu) else {
-        let _ = writeln!(
-            err,
-            "error: --gpu: unknown GPU {:?}; known: {}",
-            args.gpu,
-            gpus::names().collect::<Vec<_>>().join(", ")
+        err.add(
+            None,
+            None,
+            &format!(
+                "--gpu: unknown GPU {:?}; known: {}",
+                args.gpu,
+                gpus::names().collect::<Vec<_>>().join(", ")
+            ),
         );
         return EXIT_BAD_INPUT;
     };
     let (source, docs) = match job_documents(args.file.as_deref(), &args.spec, stdin) {
         Ok(d) => d,
         Err(e) => {
-            for line in e.lines() {
-                let _ = writeln!(err, "error: {line}");
-            }
+            err.add(None, None, &e);
             return EXIT_BAD_INPUT;
         }
     };
@@ -185,21 +206,20 @@ pub fn run(args: &MaxArgs, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut 
             Ok(rep) => reports.push(rep),
             Err(e) => {
                 bad = true;
-                for line in e.message.lines() {
-                    let _ = writeln!(err, "error: {source}: {}: {line}", e.location);
-                }
+                err.add(Some(&source), Some(&e.location), &e.message);
             }
         }
     }
     let written = match args.output {
         OutputFormat::Svg => {
-            let _ = writeln!(
-                err,
-                "error: -o svg is for estimate; use table, json or yaml"
+            err.add(
+                None,
+                None,
+                "-o svg is for estimate; use table, json or yaml",
             );
             return EXIT_BAD_INPUT;
         }
-        OutputFormat::Table => write_table(&reports, out),
+        OutputFormat::Table => write_table(&reports, Paint::new(args.color), out),
         OutputFormat::Json | OutputFormat::Yaml => structured(&reports, bad, args.output, out),
     };
     finish(written, bad, reports.iter().all(|r| r.fits), err)

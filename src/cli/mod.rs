@@ -6,7 +6,9 @@ pub mod crds;
 pub mod estimate;
 pub mod kubectl;
 pub mod max;
+pub mod paint;
 mod plot;
+pub mod problems;
 mod render;
 pub mod serve;
 pub mod simulate;
@@ -74,7 +76,8 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Estimate(args) => {
+        Command::Estimate(mut args) => {
+            args.color = args.color.for_stdout();
             let stdout = std::io::stdout();
             let stderr = std::io::stderr();
             run_estimate(
@@ -84,7 +87,8 @@ pub fn main() -> ExitCode {
                 &mut stderr.lock(),
             )
         }
-        Command::Max(args) => {
+        Command::Max(mut args) => {
+            args.color = args.color.for_stdout();
             let stdout = std::io::stdout();
             let stderr = std::io::stderr();
             max::run(

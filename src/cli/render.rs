@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 
 use super::estimate::JobReport;
+use super::paint::Paint;
 use crate::api::EstimateStatus;
 use crate::estimate::{GIB, breakdown_entries};
 use crate::plan::PlaceOutcome;
@@ -11,14 +12,14 @@ fn g(bytes: u64) -> String {
     format!("{:>8.2}", bytes as f64 / GIB)
 }
 
-/// Print every report as a table.
-pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
+/// Print every report as a table (the title, verdicts and plans coloured when `paint` is on).
+pub fn table(reports: &[JobReport], paint: Paint, out: &mut dyn Write) -> io::Result<()> {
     for (i, r) in reports.iter().enumerate() {
         if i > 0 {
             writeln!(out)?;
         }
         let title = r.name.as_deref().unwrap_or("job");
-        writeln!(out, "{title}: {}", describe(r))?;
+        writeln!(out, "{}: {}", paint.bold(title), describe(r))?;
         if let Some(f) = &r.read_from {
             writeln!(out, "  {} read from {}:", f.kind, f.origin)?;
             for s in &f.sources {
@@ -38,7 +39,7 @@ pub fn table(reports: &[JobReport], out: &mut dyn Write) -> io::Result<()> {
         if let Some(i) = &r.explanation.interval {
             writeln!(out, "  {i}")?;
         }
-        verdicts(r, out)?;
+        verdicts(r, paint, out)?;
     }
     Ok(())
 }
@@ -98,7 +99,7 @@ pub fn estimate_block(e: &EstimateStatus, out: &mut dyn Write) -> io::Result<()>
     Ok(())
 }
 
-fn verdicts(r: &JobReport, out: &mut dyn Write) -> io::Result<()> {
+fn verdicts(r: &JobReport, paint: Paint, out: &mut dyn Write) -> io::Result<()> {
     {
         writeln!(
             out,
@@ -112,12 +113,22 @@ fn verdicts(r: &JobReport, out: &mut dyn Write) -> io::Result<()> {
                 v.gpu,
                 format!("{:.1}", v.usable_bytes as f64 / GIB),
                 format!("{:.1}", v.verdict.need_bytes as f64 / GIB),
-                v.message
+                if v.verdict.fits {
+                    paint.good(&v.message)
+                } else {
+                    paint.bad(&v.message)
+                }
             )?;
         }
         for v in &r.verdicts {
             if let Some(p) = &v.plan {
-                writeln!(out, "  plan on {}: {}", v.gpu, p.summary())?;
+                writeln!(
+                    out,
+                    "  {} {}: {}",
+                    paint.note("plan on"),
+                    v.gpu,
+                    p.summary()
+                )?;
             } else if let Some(a) = &v.advice {
                 writeln!(out, "  {}: {}", v.gpu, a.message)?;
             }
