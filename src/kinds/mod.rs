@@ -50,6 +50,11 @@ pub enum Kind {
     JobSet,
     TrainJob,
     PyTorchJob,
+    /// Kueue's `Workload` (`kueue.x-k8s.io/v1beta1`): the pod sets Kueue
+    /// admits for any kind it manages. Read by the AdmissionCheck controller
+    /// ([`crate::kueue`]), never reviewed by the webhook ([`Kind::of`] does
+    /// not name it).
+    Workload,
 }
 
 impl Kind {
@@ -78,6 +83,7 @@ impl Kind {
             Kind::JobSet => "JobSet",
             Kind::TrainJob => "TrainJob",
             Kind::PyTorchJob => "PyTorchJob",
+            Kind::Workload => "Workload",
         }
     }
 }
@@ -344,6 +350,21 @@ pub fn pod_sets(kind: Kind, obj: &Value) -> Result<Vec<PodSet>, String> {
                 let replicas = count(rs, "replicas", &path, 1)?;
                 let pod = rs.pointer("/template/spec").unwrap_or(&null);
                 out.push(pod_set(pod, &format!("{path}.template.spec"), replicas)?);
+            }
+        }
+        Kind::Workload => {
+            for (i, ps) in spec
+                .get("podSets")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .take(MAX_POD_SETS)
+            {
+                let path = format!("spec.podSets[{i}]");
+                let pods = count(ps, "count", &path, 1)?;
+                let pod = ps.pointer("/template/spec").unwrap_or(&null);
+                out.push(pod_set(pod, &format!("{path}.template.spec"), pods)?);
             }
         }
         Kind::TrainJob => {
