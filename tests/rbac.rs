@@ -549,3 +549,39 @@ async fn kueue_admission_check_calls_match_its_rules() {
         &[&kueue_rules, &leader],
     );
 }
+
+/// The Events of enforcement Audit: one created, its repeat patched into the series.
+#[tokio::test]
+async fn audit_event_calls_match_their_rules() {
+    use vramguard::webhook::audit::{self, AuditEvent, AuditEvents};
+
+    let server = ApiServer::start().await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (events, queue) = AuditEvents::new(&mut registry, 8);
+    let event = AuditEvent {
+        reference: k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("batch/v1".into()),
+            kind: Some("Job".into()),
+            namespace: Some(NS.into()),
+            name: Some("sft".into()),
+            ..Default::default()
+        },
+        warning: true,
+        reason: "WouldDeny".into(),
+        note: "vramguard would deny this".into(),
+    };
+    events.record(event.clone());
+    events.record(event);
+    let reporter = kube::runtime::events::Reporter {
+        controller: "vramguard-webhook".into(),
+        instance: Some("w-a".into()),
+    };
+    let task = tokio::spawn(audit::run(server.client(), reporter, queue));
+    eventually("both events published", || {
+        events.count(audit::Outcome::Published) == 2
+    })
+    .await;
+    task.abort();
+    let rules_ = rules("audit.yaml");
+    check("audit events", &observed(&server), &rules_, &[], &[&rules_]);
+}

@@ -198,6 +198,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     state.enforcement = enforcement;
     crate::metrics::register_build_info(&mut state.registry);
     let operator_metrics = operator::OperatorMetrics::register(&mut state.registry);
+    // Audit verdicts as Events on the objects, published off the reviews' path.
+    if let Some(client) = &client {
+        let (events, queue) =
+            webhook::audit::AuditEvents::new(&mut state.registry, webhook::audit::QUEUE);
+        state.audit_events = Some(events);
+        let reporter = kube::runtime::events::Reporter {
+            controller: "vramguard-webhook".to_string(),
+            instance: Some(identity(identity_flag.clone())),
+        };
+        tokio::spawn(webhook::audit::run(client.clone(), reporter, queue));
+    }
     let kueue: futures::future::BoxFuture<'static, anyhow::Result<()>> = match &client {
         Some(client) if kueue_admission_check => {
             let identity = identity(identity_flag.clone());
