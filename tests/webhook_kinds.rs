@@ -379,7 +379,7 @@ async fn audit_records_the_verdict_as_an_event_without_waiting_on_it() {
     .await;
     assert_eq!(status, 200);
 
-    // A job that fits, then five that would be denied: the queue holds four.
+    // A job that fits (its GPUs busy now), then five that would be denied: the queue holds four.
     let fits = example("pytorchjob-run-clm-gpt2.yaml");
     assert_eq!(
         judged(&server, "/validate/audit", &fits).await["allowed"],
@@ -429,7 +429,14 @@ async fn audit_records_the_verdict_as_an_event_without_waiting_on_it() {
     };
     let ok = on(fits["metadata"]["name"].as_str().unwrap());
     assert_eq!(ok.type_.as_deref(), Some("Normal"));
-    assert_eq!(ok.reason.as_deref(), Some("Fits"));
+    assert_eq!(ok.reason.as_deref(), Some("FitsNotNow"));
+    assert!(
+        ok.note
+            .as_deref()
+            .unwrap()
+            .contains("as written, but not now"),
+        "{ok:?}"
+    );
     assert_eq!(
         ok.metadata.namespace.as_deref(),
         fits["metadata"]["namespace"].as_str()
@@ -468,5 +475,42 @@ async fn audit_records_the_verdict_as_an_event_without_waiting_on_it() {
     let (_, body) = request(&server, "GET", "/metrics", Vec::new()).await;
     let text = String::from_utf8(body).unwrap();
     assert_eq!(metric(&text, "Published"), 4, "{text}");
+    stop(server).await;
+}
+
+/// Pods asking a MIG slice are judged against that slice's memory, on the slices of that
+/// profile the inventory reports (examples/cluster.yaml: an A100 80GB split into 3g.40gb,
+/// 2g.20gb and 1g.10gb).
+#[tokio::test]
+async fn mig_slices_are_judged_against_the_slice() {
+    let server = start(Enforcement::Deny).await;
+    let on = |profile: &str, annotation: &str| {
+        let mut job = example("job-annotated-llama-3.1-8b-lora.yaml");
+        job["metadata"]["name"] = json!(format!("mig-{profile}"));
+        job["metadata"]["annotations"]["vramguard.io/training"] = json!(annotation);
+        job["spec"]["template"]["spec"]["containers"][0]["resources"] =
+            json!({"limits": {format!("nvidia.com/mig-{profile}"): 1}});
+        job
+    };
+    let small = "model: {preset: llama-3.2-1b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 1024, gradientCheckpointing: full}\n";
+    let lora = "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 1024, gradientCheckpointing: full}\n";
+    // A 1B LoRA fits the 40 GB slice ...
+    let r = judged(&server, "/validate", &on("3g.40gb", small)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(warnings(&r).is_empty(), "{r}");
+    // ... an 8B LoRA not the 10 GB one: denied, with the slice's numbers.
+    let r = judged(&server, "/validate", &on("1g.10gb", lora)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let m = message(&r);
+    assert!(m.contains("MIG 1g.10gb"), "{m}");
+    assert!(m.contains("GiB"), "{m}");
+    // A profile no node has: not judged, and why.
+    let r = judged(&server, "/validate", &on("4g.40gb", lora)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let w = warnings(&r).join(" ");
+    assert!(
+        w.contains("no MIG slice 4g.40gb reports to vramguard"),
+        "{w}"
+    );
     stop(server).await;
 }

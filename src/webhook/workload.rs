@@ -163,9 +163,12 @@ fn same_product(reported: &str, label: &str) -> bool {
     norm(reported) == norm(label)
 }
 
-/// `snapshot` with only the GPUs of `products` (all of them when empty).
-fn on_products(snapshot: &Snapshot, products: &[String]) -> Snapshot {
-    if products.is_empty() {
+/// `snapshot` with only the GPUs of `products` (all of them when empty);
+/// with `mig`, only the MIG slices of that profile on them (what a pod
+/// asking `nvidia.com/mig-<profile>` gets). Without, GPUs and slices alike:
+/// the device plugin's `single` MIG strategy offers slices as `nvidia.com/gpu`.
+fn on_products(snapshot: &Snapshot, products: &[String], mig: Option<&str>) -> Snapshot {
+    if products.is_empty() && mig.is_none() {
         return snapshot.clone();
     }
     let nodes: Vec<GpuNode> = snapshot
@@ -174,9 +177,16 @@ fn on_products(snapshot: &Snapshot, products: &[String]) -> Snapshot {
         .filter_map(|n| {
             let mut n = n.clone();
             let status = n.status.as_mut()?;
-            status
-                .gpus
-                .retain(|g| products.iter().any(|p| same_product(&g.product, p)));
+            status.gpus.retain(|g| {
+                products.is_empty() || products.iter().any(|p| same_product(&g.product, p))
+            });
+            if let Some(profile) = mig {
+                status.gpus.retain_mut(|g| {
+                    g.mig_devices
+                        .retain(|m| m.profile.eq_ignore_ascii_case(profile));
+                    !g.mig_devices.is_empty()
+                });
+            }
             (!status.gpus.is_empty()).then_some(n)
         })
         .collect();
@@ -298,12 +308,16 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
         .as_of_unix
         .and_then(|s| Timestamp::from_second(s).ok())
         .unwrap_or(now);
-    let snapshot = on_products(snapshot, &j.products);
+    let snapshot = on_products(snapshot, &j.products, j.mig.as_deref());
     if snapshot.products().is_empty() {
-        let what = if j.products.is_empty() {
-            "the cluster reports no GPUs".to_string()
-        } else {
-            format!("no GPU of {} reports to vramguard", j.products.join(" or "))
+        let what = match (&j.mig, j.products.is_empty()) {
+            (Some(m), true) => format!("no MIG slice {m} reports to vramguard"),
+            (Some(m), false) => format!(
+                "no MIG slice {m} of {} reports to vramguard",
+                j.products.join(" or ")
+            ),
+            (None, true) => "the cluster reports no GPUs".to_string(),
+            (None, false) => format!("no GPU of {} reports to vramguard", j.products.join(" or ")),
         };
         return Assessment::NoInventory(what);
     }
