@@ -11,12 +11,16 @@
 4. hadolint over the Dockerfile.
 5. charts/vramguard/README.md is what .ci/chart_readme.py generates from values.yaml.
 
+Kueue's AdmissionCheck (kueue.admissionCheck.enabled) is validated against Kueue's own CRD as
+vendored under tests/data/kueue/ (v0.17.0), unknown fields rejected.
+
 Documents of kinds whose schemas no registry we reach ships (cert-manager's Certificate and
 Issuer, the Prometheus Operator's ServiceMonitor) are checked for the fields we rely on only.
 """
 
 import base64
 import copy
+import functools
 import pathlib
 import subprocess
 import sys
@@ -92,6 +96,7 @@ def pem_ok(b64: str) -> bool:
 
 
 def expect_default(docs):
+    expect_no_kueue(docs)
     assert "Certificate" in kinds(docs) and "Issuer" in kinds(docs)
     assert "caBundle" not in webhook_config(docs)["clientConfig"]
     assert len(find(docs, "CustomResourceDefinition")) == 3
@@ -145,7 +150,9 @@ def expect_no_agent(docs):
 def expect_no_operator(docs):
     assert not find(docs, "Role", "-leader")
     granted = rules(docs, "ClusterRole", "vg-vramguard")
-    assert all(v in ("list", "watch") for _, _, v in granted), granted
+    # Reads, and the Events of enforcement Audit.
+    assert all(v in ("list", "watch") or (g, r) == ("events.k8s.io", "events")
+               for g, r, v in granted), granted
     args = find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--no-operator" in args
 
@@ -184,6 +191,27 @@ def expect_keep_off(docs):
         assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
 
 
+def expect_kueue(docs):
+    check = find(docs, "AdmissionCheck")
+    assert len(check) == 1, kinds(docs)
+    assert check[0]["spec"]["controllerName"] == "vramguard.io/vram-fit"
+    assert check[0]["metadata"]["name"] == "vramguard-vram-fit"
+    granted = rules(docs, "ClusterRole", "vg-vramguard")
+    for need in (("kueue.x-k8s.io", "workloads/status", "patch"),
+                 ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+                 ("kueue.x-k8s.io", "resourceflavors", "get")):
+        assert need in granted, need
+    env = find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "VRAMGUARD_KUEUE_ADMISSION_CHECK", "value": "true"} in env, env
+    assert {"name": "VRAMGUARD_KUEUE_RETRY_AFTER_SECS", "value": "120"} in env, env
+    assert find(docs, "Role", "-leader"), "the controller leads by a Lease"
+
+
+def expect_no_kueue(docs):
+    assert not find(docs, "AdmissionCheck")
+    assert not [r for r in rules(docs, "ClusterRole", "vg-vramguard") if r[0] == "kueue.x-k8s.io"]
+
+
 def expect_no_crds(docs):
     assert not find(docs, "CustomResourceDefinition")
 
@@ -192,6 +220,10 @@ CA_B64 = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFIC
 
 VALUE_SETS = [
     ("defaults", {}, expect_default),
+    ("kueue admission check", {"kueue.admissionCheck.enabled": True,
+                               "kueue.admissionCheck.retryAfterSeconds": 120}, expect_kueue),
+    ("kueue admission check, operator off", {"kueue.admissionCheck.enabled": True,
+                                             "operator.enabled": False}, None),
     ("tls generated", {"tls.mode": "generated"}, expect_generated),
     ("tls secret", {"tls.mode": "secret", "tls.secret.name": "my-webhook-tls",
                     "tls.secret.caBundle": CA_B64}, expect_secret),
@@ -226,6 +258,7 @@ REFUSED = [
     ({"webhook.failurePolicy": "Sometimes"}, "failurePolicy"),
     ({"webhook.unknown": 1}, "additional properties 'unknown' not allowed"),
     ({"tls.secret.caBundle": "not base64!"}, "caBundle"),
+    ({"kueue.admissionCheck.retryAfterSeconds": 7200}, "retryAfterSeconds"),
 ]
 
 
@@ -243,12 +276,29 @@ def check_external(doc: dict) -> None:
         raise AssertionError(f"no check for {doc['apiVersion']} {kind}")
 
 
+@functools.cache
+def kueue_schemas() -> dict:
+    """Kueue's CRDs as tests/data/kueue/ vendors them (sigs.k8s.io/kueue v0.17.0)."""
+    schemas = {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for path in sorted((ROOT / "tests" / "data" / "kueue").glob("*.yaml")):
+        crd = yaml.load(path.read_text(), Loader=loader)
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            schemas[key] = strict(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
 def validate(name: str, docs: list[dict]) -> int:
     n = 0
     for doc in docs:
         what = f"{name}: {doc['kind']} {doc['metadata']['name']}"
         try:
-            if doc["apiVersion"] in EXTERNAL:
+            if doc["apiVersion"].startswith("kueue.x-k8s.io/"):
+                schema = kueue_schemas()[(doc["apiVersion"], doc["kind"])]
+                errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+                assert not errors, errors
+            elif doc["apiVersion"] in EXTERNAL:
                 check_external(doc)
             else:
                 kubernetes_validate.validate(doc, KUBE, strict=True)

@@ -11,6 +11,7 @@ pub mod decide;
 pub mod estimate;
 pub mod inventory;
 pub mod kinds;
+pub mod kueue;
 pub mod metrics;
 pub mod operator;
 pub mod plan;

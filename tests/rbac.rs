@@ -429,3 +429,159 @@ fn the_mapping_reads_verbs_as_the_api_server_does() {
     let denied = std::panic::catch_unwind(|| check("agent", &extra, &agent, &[], &[]));
     assert!(denied.is_err());
 }
+
+/// The Kueue AdmissionCheck controller with its Lease: its AdmissionCheck
+/// marked Active, and a Workload owned by each kind whose annotation it reads
+/// (a Job that exists, the others' owners gone) judged and its check set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_admission_check_calls_match_its_rules() {
+    use support::apiserver::Res;
+    use vramguard::inventory::Source;
+    use vramguard::kueue::{self, controller};
+
+    let server = ApiServer::start().await;
+    let kueue_res = |plural: &str| Res::new(kueue::GROUP, kueue::VERSION, plural);
+    server.put_value(
+        &kueue_res("admissionchecks"),
+        "AdmissionCheck",
+        None,
+        json!({"metadata": {"name": "vram-fit"}, "spec": {"controllerName": kueue::CONTROLLER_NAME}}),
+    );
+    server.put_value(
+        &kueue_res("resourceflavors"),
+        "ResourceFlavor",
+        None,
+        json!({"metadata": {"name": "h100"},
+               "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}}),
+    );
+    let pod = json!({"spec": {"containers": [{"name": "t", "image": "t:1",
+        "command": ["python", "train.py"], "resources": {"limits": {"nvidia.com/gpu": 1}}}]}});
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "owner-job", "namespace": NS, "annotations": {
+            "vramguard.io/training": "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 1024}\n"}},
+        "spec": {"template": pod},
+    }))
+    .expect("a Job");
+    server.put(&job);
+    let owners = [
+        ("batch/v1", "Job"),
+        ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+        ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+        ("kubeflow.org/v1", "PyTorchJob"),
+        ("ray.io/v1", "RayJob"),
+    ];
+    for (i, (api_version, kind)) in owners.iter().enumerate() {
+        let owner = if *kind == "Job" {
+            "owner-job".to_string()
+        } else {
+            format!("owner-{i}")
+        };
+        server.put_value(
+            &kueue_res("workloads"),
+            "Workload",
+            Some(NS),
+            json!({
+                "metadata": {"name": format!("wl-{i}"), "ownerReferences": [
+                    {"apiVersion": api_version, "kind": kind, "name": owner, "uid": "u", "controller": true}]},
+                "spec": {"podSets": [{"name": "main", "count": 1, "template": pod}]},
+                "status": {
+                    "admission": {"clusterQueue": "cq", "podSetAssignments": [
+                        {"name": "main", "flavors": {"nvidia.com/gpu": "h100"}}]},
+                    "admissionChecks": [{"name": "vram-fit", "state": "Pending",
+                        "lastTransitionTime": "2026-11-22T12:00:00Z", "message": ""}],
+                },
+            }),
+        );
+    }
+    let nodes = vec![gpu_node("gpu-a", 8, 79)];
+    let source =
+        vramguard::inventory::Static::new(nodes, k8s_openapi::jiff::Timestamp::now().as_second());
+    assert!(source.snapshot().synced);
+    let lease = LeaseConfig {
+        lease_duration: Duration::from_millis(1500),
+        renew_deadline: Duration::from_millis(1000),
+        renew_every: Duration::from_millis(200),
+        retry_every: Duration::from_millis(200),
+        ..LeaseConfig::new(RELEASE_NS, "vramguard-operator-kueue", "kq-a")
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let client = server.client();
+    let task = tokio::spawn(async move {
+        controller::run(
+            client,
+            Arc::new(source),
+            controller::Config::default(),
+            lease,
+            async move {
+                let _ = stopped.await;
+            },
+        )
+        .await
+        .expect("the controller");
+    });
+    let decided = |i: usize| {
+        server
+            .get_value(&kueue_res("workloads"), Some(NS), &format!("wl-{i}"))
+            .is_some_and(|w| w["status"]["admissionChecks"][0]["state"] != "Pending")
+    };
+    eventually("every Workload's check set", || {
+        (0..owners.len()).all(decided)
+    })
+    .await;
+    eventually("the AdmissionCheck active", || {
+        server
+            .get_value(&kueue_res("admissionchecks"), None, "vram-fit")
+            .is_some_and(|c| c["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the controller stops")
+        .expect("the controller task");
+
+    let (kueue_rules, leader) = (rules("kueue.yaml"), rules("leader.yaml"));
+    check(
+        "kueue",
+        &observed(&server),
+        &kueue_rules,
+        &leader,
+        &[&kueue_rules, &leader],
+    );
+}
+
+/// The Events of enforcement Audit: one created, its repeat patched into the series.
+#[tokio::test]
+async fn audit_event_calls_match_their_rules() {
+    use vramguard::webhook::audit::{self, AuditEvent, AuditEvents};
+
+    let server = ApiServer::start().await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (events, queue) = AuditEvents::new(&mut registry, 8);
+    let event = AuditEvent {
+        reference: k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("batch/v1".into()),
+            kind: Some("Job".into()),
+            namespace: Some(NS.into()),
+            name: Some("sft".into()),
+            ..Default::default()
+        },
+        warning: true,
+        reason: "WouldDeny".into(),
+        note: "vramguard would deny this".into(),
+    };
+    events.record(event.clone());
+    events.record(event);
+    let reporter = kube::runtime::events::Reporter {
+        controller: "vramguard-webhook".into(),
+        instance: Some("w-a".into()),
+    };
+    let task = tokio::spawn(audit::run(server.client(), reporter, queue));
+    eventually("both events published", || {
+        events.count(audit::Outcome::Published) == 2
+    })
+    .await;
+    task.abort();
+    let rules_ = rules("audit.yaml");
+    check("audit events", &observed(&server), &rules_, &[], &[&rules_]);
+}

@@ -340,3 +340,177 @@ async fn warn_and_audit_allow_and_audit_counts_by_namespace() {
     );
     stop(server).await;
 }
+
+/// Audit records each verdict as an Event on the object through kube's events Recorder,
+/// off the review's path: with nothing publishing, reviews are still answered and events
+/// past the queue are dropped and counted; then the queued ones reach the API server.
+/// Deny, Warn and dry runs record nothing.
+#[tokio::test]
+async fn audit_records_the_verdict_as_an_event_without_waiting_on_it() {
+    use vramguard::apiserver::ApiServer;
+    use vramguard::webhook::audit::{self, AuditEvents};
+
+    let mut queue = None;
+    let server = tls_webhook::start_with(Limits::default(), |state| {
+        let (events, q) = AuditEvents::new(&mut state.registry, 4);
+        state.audit_events = Some(events);
+        queue = Some(q);
+    })
+    .await;
+
+    // Not recorded: Deny, Warn, and an Audit dry run.
+    let denied = trl_job(8, 2);
+    assert_eq!(
+        judged(&server, "/validate/deny", &denied).await["allowed"],
+        false
+    );
+    assert_eq!(
+        judged(&server, "/validate/warn", &denied).await["allowed"],
+        true
+    );
+    let mut dry: Value = serde_json::from_slice(&review(&denied, "dry-1")).unwrap();
+    dry["request"]["dryRun"] = json!(true);
+    let (status, _) = request(
+        &server,
+        "POST",
+        "/validate/audit",
+        serde_json::to_vec(&dry).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // A job that fits (its GPUs busy now), then five that would be denied: the queue holds four.
+    let fits = example("pytorchjob-run-clm-gpt2.yaml");
+    assert_eq!(
+        judged(&server, "/validate/audit", &fits).await["allowed"],
+        true
+    );
+    for i in 0..5 {
+        let mut job = trl_job(8, 2);
+        job["metadata"]["name"] = json!(format!("sft-{i}"));
+        let r = judged(&server, "/validate/audit", &job).await;
+        assert_eq!(r["allowed"], true, "{r}");
+    }
+    let metric = |text: &str, result: &str| -> u64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "vramguard_audit_events_total{{result=\"{result}\"}}"
+                ))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .unwrap_or(0)
+    };
+    let (_, body) = request(&server, "GET", "/metrics", Vec::new()).await;
+    let text = String::from_utf8(body).unwrap();
+    assert_eq!(metric(&text, "Dropped"), 2, "{text}");
+
+    // Publishing: the four queued become Events on their objects.
+    let api = ApiServer::start().await;
+    let reporter = kube::runtime::events::Reporter {
+        controller: "vramguard-webhook".into(),
+        instance: Some("test".into()),
+    };
+    tokio::spawn(audit::run(api.client(), reporter, queue.unwrap()));
+    let mut events = Vec::new();
+    for _ in 0..200 {
+        events = api.objects::<k8s_openapi::api::events::v1::Event>();
+        if events.len() >= 4 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(events.len(), 4, "{events:#?}");
+    let on = |name: &str| {
+        events
+            .iter()
+            .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .unwrap_or_else(|| panic!("no event on {name}: {events:#?}"))
+    };
+    let ok = on(fits["metadata"]["name"].as_str().unwrap());
+    assert_eq!(ok.type_.as_deref(), Some("Normal"));
+    assert_eq!(ok.reason.as_deref(), Some("FitsNotNow"));
+    assert!(
+        ok.note
+            .as_deref()
+            .unwrap()
+            .contains("as written, but not now"),
+        "{ok:?}"
+    );
+    assert_eq!(
+        ok.metadata.namespace.as_deref(),
+        fits["metadata"]["namespace"].as_str()
+    );
+    let bad = on("sft-0");
+    assert_eq!(bad.type_.as_deref(), Some("Warning"));
+    assert_eq!(bad.reason.as_deref(), Some("WouldDeny"));
+    let regarding = bad.regarding.as_ref().unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("Job"));
+    assert_eq!(regarding.api_version.as_deref(), Some("batch/v1"));
+    assert_eq!(regarding.namespace.as_deref(), Some("ml-training"));
+    let note = bad.note.as_deref().unwrap();
+    assert!(
+        note.starts_with(
+            "vramguard would deny this (enforcement Audit): Job sft-0 would run out of GPU memory"
+        ),
+        "{note}"
+    );
+    assert!(
+        note.contains("--per_device_train_batch_size 8 -> "),
+        "{note}"
+    );
+    assert!(note.len() <= audit::MAX_NOTE, "{note}");
+    assert_eq!(
+        bad.reporting_controller.as_deref(),
+        Some("vramguard-webhook")
+    );
+    assert!(events.iter().all(|e| {
+        let n = e
+            .regarding
+            .as_ref()
+            .and_then(|r| r.name.as_deref())
+            .unwrap();
+        n != "sft-3" && n != "sft-4" && n != "sft-llama-3-1-8b"
+    }));
+    let (_, body) = request(&server, "GET", "/metrics", Vec::new()).await;
+    let text = String::from_utf8(body).unwrap();
+    assert_eq!(metric(&text, "Published"), 4, "{text}");
+    stop(server).await;
+}
+
+/// Pods asking a MIG slice are judged against that slice's memory, on the slices of that
+/// profile the inventory reports (examples/cluster.yaml: an A100 80GB split into 3g.40gb,
+/// 2g.20gb and 1g.10gb).
+#[tokio::test]
+async fn mig_slices_are_judged_against_the_slice() {
+    let server = start(Enforcement::Deny).await;
+    let on = |profile: &str, annotation: &str| {
+        let mut job = example("job-annotated-llama-3.1-8b-lora.yaml");
+        job["metadata"]["name"] = json!(format!("mig-{profile}"));
+        job["metadata"]["annotations"]["vramguard.io/training"] = json!(annotation);
+        job["spec"]["template"]["spec"]["containers"][0]["resources"] =
+            json!({"limits": {format!("nvidia.com/mig-{profile}"): 1}});
+        job
+    };
+    let small = "model: {preset: llama-3.2-1b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 1024, gradientCheckpointing: full}\n";
+    let lora = "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 1024, gradientCheckpointing: full}\n";
+    // A 1B LoRA fits the 40 GB slice ...
+    let r = judged(&server, "/validate", &on("3g.40gb", small)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(warnings(&r).is_empty(), "{r}");
+    // ... an 8B LoRA not the 10 GB one: denied, with the slice's numbers.
+    let r = judged(&server, "/validate", &on("1g.10gb", lora)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let m = message(&r);
+    assert!(m.contains("MIG 1g.10gb"), "{m}");
+    assert!(m.contains("GiB"), "{m}");
+    // A profile no node has: not judged, and why.
+    let r = judged(&server, "/validate", &on("4g.40gb", lora)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    let w = warnings(&r).join(" ");
+    assert!(
+        w.contains("no MIG slice 4g.40gb reports to vramguard"),
+        "{w}"
+    );
+    stop(server).await;
+}

@@ -315,14 +315,40 @@ impl ApiServer {
             String::new()
         };
         let name = obj.meta().name.clone().expect("put needs metadata.name");
+        value["metadata"]["name"] = json!(name);
+        let stored = self.put_value(
+            &res,
+            &K::kind(&()),
+            namespaced.then_some(ns.as_str()),
+            value,
+        );
+        serde_json::from_value(stored).expect("deserialize")
+    }
+
+    /// [`ApiServer::put`] for a resource no Rust type names (Kueue's
+    /// Workloads, a JobSet): `obj` stored as `kind` of `res`, in `namespace`
+    /// or cluster-scoped.
+    pub fn put_value(
+        &self,
+        res: &Res,
+        kind: &str,
+        namespace: Option<&str>,
+        mut value: Value,
+    ) -> Value {
+        let ns = namespace.unwrap_or("").to_string();
+        let name = value
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .expect("put needs metadata.name")
+            .to_string();
         let mut inner = self.shared.lock();
-        inner.kinds.insert(res.clone(), K::kind(&()).into_owned());
+        inner.kinds.insert(res.clone(), kind.to_string());
         value["apiVersion"] = json!(res.api_version());
-        value["kind"] = json!(K::kind(&()));
-        if namespaced {
+        value["kind"] = json!(kind);
+        if namespace.is_some() {
             value["metadata"]["namespace"] = json!(ns);
         }
-        let key = (res, ns, name);
+        let key = (res.clone(), ns, name);
         let old = inner.objects.get(&key).cloned();
         let stored = match old {
             Some(old) => {
@@ -334,7 +360,17 @@ impl ApiServer {
                 inner.commit(&self.shared, &key, Some(value), false)
             }
         };
-        serde_json::from_value(stored.expect("stored")).expect("deserialize")
+        stored.expect("stored")
+    }
+
+    /// [`ApiServer::get`] for a resource no Rust type names.
+    pub fn get_value(&self, res: &Res, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let key = (
+            res.clone(),
+            namespace.unwrap_or("").to_string(),
+            name.to_string(),
+        );
+        self.shared.lock().objects.get(&key).cloned()
     }
 
     /// The stored object, if any.

@@ -90,6 +90,16 @@ pub struct ServeArgs {
     /// This replica's identity in the Lease and in Events (the pod name).
     #[arg(long, env = "VRAMGUARD_IDENTITY")]
     pub identity: Option<String>,
+    /// Run the Kueue AdmissionCheck controller (`controllerName:
+    /// vramguard.io/vram-fit`): Workloads with quota reserved are judged on
+    /// their flavors' GPU product and set Ready, Retry or Rejected. One
+    /// replica leads it, by the Lease `<lease-name>-kueue`.
+    #[arg(long, env = "VRAMGUARD_KUEUE_ADMISSION_CHECK", default_value_t = false)]
+    pub kueue_admission_check: bool,
+    /// Seconds Kueue waits before it queues a workload set to Retry again (0-3600).
+    #[arg(long, env = "VRAMGUARD_KUEUE_RETRY_AFTER_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub kueue_retry_after_secs: u32,
 }
 
 /// This replica's name: the flag, else the host name (a pod's name).
@@ -132,7 +142,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         lease_namespace,
         lease_name,
         identity: identity_flag,
+        kueue_admission_check,
+        kueue_retry_after_secs,
     } = args;
+    if kueue_admission_check && cluster.is_some() {
+        bail!(
+            "--kueue-admission-check judges Kueue's Workloads in a cluster; it cannot run with --cluster FILE"
+        );
+    }
 
     // TLS is checked before anything binds.
     let (config, watched) = match (tls_cert, tls_key, self_signed) {
@@ -181,6 +198,48 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     state.enforcement = enforcement;
     crate::metrics::register_build_info(&mut state.registry);
     let operator_metrics = operator::OperatorMetrics::register(&mut state.registry);
+    // Audit verdicts as Events on the objects, published off the reviews' path.
+    if let Some(client) = &client {
+        let (events, queue) =
+            webhook::audit::AuditEvents::new(&mut state.registry, webhook::audit::QUEUE);
+        state.audit_events = Some(events);
+        let reporter = kube::runtime::events::Reporter {
+            controller: "vramguard-webhook".to_string(),
+            instance: Some(identity(identity_flag.clone())),
+        };
+        tokio::spawn(webhook::audit::run(client.clone(), reporter, queue));
+    }
+    let kueue: futures::future::BoxFuture<'static, anyhow::Result<()>> = match &client {
+        Some(client) if kueue_admission_check => {
+            let identity = identity(identity_flag.clone());
+            let lease = operator::LeaseConfig::new(
+                &lease_namespace,
+                &format!("{lease_name}-kueue"),
+                &identity,
+            );
+            let config = crate::kueue::controller::Config {
+                retry_after: kueue_retry_after_secs,
+                ..crate::kueue::controller::Config::default()
+            };
+            tracing::info!(
+                controller = crate::kueue::CONTROLLER_NAME,
+                "kueue: admission check controller standing for leader"
+            );
+            let (client, source) = (client.clone(), source.clone());
+            Box::pin(async move {
+                crate::kueue::controller::run(
+                    client,
+                    source,
+                    config,
+                    lease,
+                    super::shutdown_signal("kueue: stepping down"),
+                )
+                .await
+                .map_err(anyhow::Error::from)
+            })
+        }
+        _ => Box::pin(std::future::pending()),
+    };
     // The operator runs with a live inventory; a static file has no cluster to act on.
     let operator: futures::future::BoxFuture<'static, anyhow::Result<()>> = match client {
         Some(client) if !no_operator => {
@@ -248,6 +307,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         r = &mut operator => {
             r.context("the operator stopped")?;
             bail!("the operator stopped")
+        }
+        r = kueue => {
+            r.context("the Kueue admission check controller stopped")?;
+            bail!("the Kueue admission check controller stopped")
         }
     }
     // The server drained; let the operator give up its Lease.

@@ -50,6 +50,11 @@ pub enum Kind {
     JobSet,
     TrainJob,
     PyTorchJob,
+    /// Kueue's `Workload` (`kueue.x-k8s.io/v1beta1`): the pod sets Kueue
+    /// admits for any kind it manages. Read by the AdmissionCheck controller
+    /// ([`crate::kueue`]), never reviewed by the webhook ([`Kind::of`] does
+    /// not name it).
+    Workload,
 }
 
 impl Kind {
@@ -78,6 +83,7 @@ impl Kind {
             Kind::JobSet => "JobSet",
             Kind::TrainJob => "TrainJob",
             Kind::PyTorchJob => "PyTorchJob",
+            Kind::Workload => "Workload",
         }
     }
 }
@@ -99,6 +105,8 @@ pub struct PodSet {
     pub gpus_per_pod: u64,
     /// A MIG resource asked for (`nvidia.com/mig-1g.10gb`), when one is.
     pub mig: Option<String>,
+    /// MIG slices of that resource per pod.
+    pub mig_per_pod: u64,
     /// GPU products a node selector or required affinity allows (empty: any).
     pub products: Vec<String>,
     /// Taint keys tolerated (`*` for every taint).
@@ -141,6 +149,9 @@ pub struct Judged {
     pub sources: Vec<Source>,
     /// GPU products the pods may run on (empty: any).
     pub products: Vec<String>,
+    /// The MIG profile each GPU of the job is a slice of (`3g.40gb`), when the
+    /// pods ask MIG slices: judged against slices of that profile only.
+    pub mig: Option<String>,
     pub tolerations: Vec<String>,
 }
 
@@ -185,8 +196,26 @@ fn devices(v: &Value, path: &str) -> Result<u64, String> {
     }
 }
 
-/// GPUs and MIG slices one container's resources ask for (limits, else requests).
-fn container_gpus(resources: Option<&Value>, path: &str) -> Result<(u64, Option<String>), String> {
+/// The resource prefix of a MIG slice (`nvidia.com/mig-3g.40gb`).
+pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+
+/// The MIG profile a resource names (`nvidia.com/mig-3g.40gb` → `3g.40gb`):
+/// `<compute>g.<memory>gb`, as the device plugin's mixed strategy names
+/// them; `None` for anything else.
+pub fn mig_profile(resource: &str) -> Option<&str> {
+    let profile = resource.strip_prefix(MIG_PREFIX)?;
+    let (g, mem) = profile.split_once("g.")?;
+    let gb = mem.strip_suffix("gb")?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 3 && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(g) && digits(gb)).then_some(profile)
+}
+
+/// GPUs and MIG slices one container's resources ask for (limits, else
+/// requests): whole GPUs, and the MIG resource with its count.
+fn container_gpus(
+    resources: Option<&Value>,
+    path: &str,
+) -> Result<(u64, Option<(String, u64)>), String> {
     let Some(r) = resources else {
         return Ok((0, None));
     };
@@ -199,8 +228,9 @@ fn container_gpus(resources: Option<&Value>, path: &str) -> Result<(u64, Option<
         if let Some(q) = map.get(GPU_RESOURCE) {
             gpus = devices(q, &format!("{path}.{part}[{GPU_RESOURCE}]"))?;
         }
-        if let Some(k) = map.keys().find(|k| k.starts_with("nvidia.com/mig-")) {
-            mig = Some(k.clone());
+        if let Some((k, q)) = map.iter().find(|(k, _)| k.starts_with(MIG_PREFIX)) {
+            let n = devices(q, &format!("{path}.{part}[{k}]"))?;
+            mig = Some((k.clone(), n));
         }
         if gpus > 0 || mig.is_some() {
             break;
@@ -277,7 +307,8 @@ fn tolerations_of(pod_spec: &Value) -> Vec<String> {
 /// A pod set from a pod spec at `path`.
 fn pod_set(pod_spec: &Value, path: &str, pods: u64) -> Result<PodSet, String> {
     let mut containers = Vec::new();
-    let mut mig = None;
+    let mut mig: Option<String> = None;
+    let mut mig_per_pod = 0u64;
     for (i, c) in pod_spec
         .get("containers")
         .and_then(Value::as_array)
@@ -287,7 +318,19 @@ fn pod_set(pod_spec: &Value, path: &str, pods: u64) -> Result<PodSet, String> {
     {
         let cpath = format!("{path}.containers[{i}]");
         let (gpus, m) = container_gpus(c.get("resources"), &format!("{cpath}.resources"))?;
-        mig = mig.or(m);
+        if let Some((resource, n)) = m {
+            match &mig {
+                Some(other) if *other != resource => {
+                    return Err(format!(
+                        "{cpath}.resources asks {resource}, another container {other}; one MIG profile per pod is read"
+                    ));
+                }
+                _ => {
+                    mig = Some(resource);
+                    mig_per_pod = mig_per_pod.saturating_add(n);
+                }
+            }
+        }
         containers.push(Container {
             path: cpath,
             argv: argv_of(c),
@@ -299,6 +342,7 @@ fn pod_set(pod_spec: &Value, path: &str, pods: u64) -> Result<PodSet, String> {
         pods,
         gpus_per_pod: containers.iter().map(|c| c.gpus).sum(),
         mig,
+        mig_per_pod,
         products: products_of(pod_spec),
         tolerations: tolerations_of(pod_spec),
         containers,
@@ -346,6 +390,21 @@ pub fn pod_sets(kind: Kind, obj: &Value) -> Result<Vec<PodSet>, String> {
                 out.push(pod_set(pod, &format!("{path}.template.spec"), replicas)?);
             }
         }
+        Kind::Workload => {
+            for (i, ps) in spec
+                .get("podSets")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .take(MAX_POD_SETS)
+            {
+                let path = format!("spec.podSets[{i}]");
+                let pods = count(ps, "count", &path, 1)?;
+                let pod = ps.pointer("/template/spec").unwrap_or(&null);
+                out.push(pod_set(pod, &format!("{path}.template.spec"), pods)?);
+            }
+        }
         Kind::TrainJob => {
             let trainer = spec.get("trainer").unwrap_or(&null);
             let nodes = count(trainer, "numNodes", "spec.trainer", 1)?;
@@ -365,11 +424,16 @@ pub fn pod_sets(kind: Kind, obj: &Value) -> Result<Vec<PodSet>, String> {
                 products.extend(products_of(o));
                 tolerations.extend(tolerations_of(o));
             }
+            let (mig, mig_per_pod) = match mig {
+                Some((r, n)) => (Some(r), n),
+                None => (None, 0),
+            };
             out.push(PodSet {
                 path: "spec.trainer".to_string(),
                 pods: nodes,
                 gpus_per_pod: gpus,
                 mig,
+                mig_per_pod,
                 products,
                 tolerations,
                 containers: vec![Container {
@@ -428,27 +492,53 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         };
         return Reading::NotJudged(why);
     };
-    if let Some(m) = &first.mig {
-        return Reading::NotJudged(format!(
-            "{}: MIG slices ({m}) are not judged for this kind yet",
-            first.path
-        ));
-    }
+    // A MIG slice is judged as a GPU of the slice's memory (`mig`: its profile).
+    let mig = match &first.mig {
+        Some(m) if first.gpus_per_pod > 0 => {
+            return Reading::NotJudged(format!(
+                "{}: asks both {GPU_RESOURCE} and {m}; one kind of GPU per pod is judged",
+                first.path
+            ));
+        }
+        Some(m) => match mig_profile(m) {
+            Some(p) => Some(p.to_string()),
+            None => {
+                return Reading::NotJudged(format!(
+                    "{}: {m} is not a MIG profile vramguard reads ({MIG_PREFIX}<compute>g.<memory>gb)",
+                    first.path
+                ));
+            }
+        },
+        None => None,
+    };
+    let per_pod_of = |s: &PodSet| {
+        if s.mig.is_some() {
+            s.mig_per_pod
+        } else {
+            s.gpus_per_pod
+        }
+    };
     if let Some(other) = gpu_sets
         .iter()
-        .find(|s| s.gpus_per_pod != first.gpus_per_pod)
+        .find(|s| per_pod_of(s) != per_pod_of(first) || s.mig != first.mig)
     {
         return Reading::NotJudged(format!(
-            "pod sets ask different GPU counts ({}: {}, {}: {}); one trainer shape is judged",
-            first.path, first.gpus_per_pod, other.path, other.gpus_per_pod
+            "pod sets ask different GPUs ({}: {} {}, {}: {} {}); one trainer shape is judged",
+            first.path,
+            per_pod_of(first),
+            first.mig.as_deref().unwrap_or(GPU_RESOURCE),
+            other.path,
+            per_pod_of(other),
+            other.mig.as_deref().unwrap_or(GPU_RESOURCE),
         ));
     }
     let pods: u64 = gpu_sets.iter().map(|s| s.pods).fold(0, u64::saturating_add);
-    let per_pod = first.gpus_per_pod;
+    let per_pod = per_pod_of(first);
     let world = pods.saturating_mul(per_pod);
     let layout = format!(
-        "{pods} pod{} x {per_pod} {GPU_RESOURCE}",
-        if pods == 1 { "" } else { "s" }
+        "{pods} pod{} x {per_pod} {}",
+        if pods == 1 { "" } else { "s" },
+        first.mig.as_deref().unwrap_or(GPU_RESOURCE)
     );
     let products = first.products.clone();
     let tolerations = first.tolerations.clone();
@@ -477,16 +567,19 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         from: format!("{world}: {layout} ({})", first.path),
     }];
     if let Some(text) = annotated {
-        return from_annotation(
-            kind,
-            &text,
-            world,
-            per_pod,
-            &layout,
-            metadata,
-            base_sources,
-            products,
-            tolerations,
+        return with_mig(
+            from_annotation(
+                kind,
+                &text,
+                world,
+                per_pod,
+                &layout,
+                metadata,
+                base_sources,
+                products,
+                tolerations,
+            ),
+            mig,
         );
     }
     // The trainer's command line, in the GPU containers first.
@@ -504,16 +597,19 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         for cmd in cmds {
             match trainer::parse(&cmd) {
                 trainer::Parsed::Found(f) => {
-                    return from_command(
-                        kind,
-                        *f,
-                        world,
-                        per_pod,
-                        metadata,
-                        base_sources,
-                        products,
-                        tolerations,
-                        &c.path,
+                    return with_mig(
+                        from_command(
+                            kind,
+                            *f,
+                            world,
+                            per_pod,
+                            metadata,
+                            base_sources,
+                            products,
+                            tolerations,
+                            &c.path,
+                        ),
+                        mig,
                     );
                 }
                 trainer::Parsed::Unreadable(why) => {
@@ -530,6 +626,17 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
              (accelerate launch/torchrun/python with --model_name_or_path, tune run, litgpt finetune)"
         ),
     })
+}
+
+/// `reading` of pods that ask MIG slices of `mig`.
+fn with_mig(reading: Reading, mig: Option<String>) -> Reading {
+    match reading {
+        Reading::Judge(mut j) => {
+            j.mig = mig;
+            Reading::Judge(j)
+        }
+        other => other,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -651,6 +758,7 @@ fn from_annotation(
         origin: Origin::Annotation,
         sources,
         products,
+        mig: None,
         tolerations,
     }))
 }
@@ -727,6 +835,7 @@ fn from_command(
             origin: Origin::Command(f.trainer),
             sources,
             products,
+            mig: None,
             tolerations,
         })),
         // What the command says does not make a valid job (a batch that does

@@ -425,14 +425,101 @@ fn what_is_not_judged_says_why() {
         panic!()
     };
     assert!(why.contains(TRAINING_ANNOTATION), "{why}");
+}
 
-    let mut mig = job(json!({}));
-    mig["spec"]["template"]["spec"]["containers"][0]["resources"] =
-        json!({"limits": {"nvidia.com/mig-1g.10gb": 1}});
-    let Reading::NotJudged(why) = read(Kind::Job, &mig) else {
-        panic!()
-    };
-    assert!(why.contains("MIG"), "{why}");
+/// A Job of `parallelism` pods, each container of `resources`.
+fn mig_job(parallelism: u64, resources: &[Value]) -> Value {
+    let mut j = job(json!({}));
+    j["spec"]["parallelism"] = json!(parallelism);
+    j["spec"]["template"]["spec"]["nodeSelector"] = json!({});
+    let c = j["spec"]["template"]["spec"]["containers"][0].clone();
+    j["spec"]["template"]["spec"]["containers"] = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut c = c.clone();
+            c["name"] = json!(format!("c{i}"));
+            c["resources"] = r.clone();
+            c
+        })
+        .collect();
+    j
+}
+
+#[test]
+fn mig_slices_are_judged_as_gpus_of_their_profile() {
+    // (pods, containers' resources, profile and world judged, or the reason it is not)
+    type MigRow = (u64, Vec<Value>, Result<(&'static str, u64), &'static str>);
+    let rows: Vec<MigRow> = vec![
+        (
+            1,
+            vec![json!({"limits": {"nvidia.com/mig-1g.10gb": 1}})],
+            Ok(("1g.10gb", 1)),
+        ),
+        (
+            1,
+            vec![json!({"requests": {"nvidia.com/mig-3g.40gb": "1"}})],
+            Ok(("3g.40gb", 1)),
+        ),
+        // Two pods of one slice: a world of 2 (placement then says slices take one rank).
+        (
+            2,
+            vec![json!({"limits": {"nvidia.com/mig-2g.20gb": 1}})],
+            Ok(("2g.20gb", 2)),
+        ),
+        // H100 profiles are named the same way.
+        (
+            1,
+            vec![json!({"limits": {"nvidia.com/mig-7g.80gb": 1, "cpu": "8"}})],
+            Ok(("7g.80gb", 1)),
+        ),
+        (
+            1,
+            vec![json!({"limits": {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/gpu": 1}})],
+            Err("asks both"),
+        ),
+        (
+            1,
+            vec![
+                json!({"limits": {"nvidia.com/mig-1g.10gb": 1}}),
+                json!({"limits": {"nvidia.com/mig-2g.20gb": 1}}),
+            ],
+            Err("one MIG profile per pod"),
+        ),
+        (
+            1,
+            vec![json!({"limits": {"nvidia.com/mig-big": 1}})],
+            Err("not a MIG profile"),
+        ),
+        (
+            1,
+            vec![json!({"limits": {"nvidia.com/mig-1g.10gb": "two"}})],
+            Err("not a whole number"),
+        ),
+    ];
+    for (pods, resources, want) in rows {
+        let obj = mig_job(pods, &resources);
+        match (read(Kind::Job, &obj), want) {
+            (Reading::Judge(j), Ok((profile, world))) => {
+                assert_eq!(j.mig.as_deref(), Some(profile), "{resources:?}");
+                assert_eq!(j.job.spec.parallelism.gpus, world, "{resources:?}");
+                let from = &j.sources[0].from;
+                assert!(
+                    from.contains(&format!("nvidia.com/mig-{profile}")),
+                    "{from}"
+                );
+            }
+            (Reading::NotJudged(why), Err(reason)) => {
+                assert!(why.contains(reason), "{resources:?}: {why}");
+            }
+            (other, want) => panic!("{resources:?}: {other:?}, wanted {want:?}"),
+        }
+    }
+    assert_eq!(mig_profile("nvidia.com/mig-1g.10gb"), Some("1g.10gb"));
+    assert_eq!(mig_profile("nvidia.com/mig-1g.10gb.me"), None);
+    assert_eq!(mig_profile("nvidia.com/gpu"), None);
+    // A whole GPU is no slice.
+    assert_eq!(judged(Kind::Job, &job(json!({}))).mig, None);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! v1 for TrainingJobs with the planner's verdict; `/healthz`, `/readyz`
 //! (ready once the inventory has synced) and `/metrics`.
 
+pub mod audit;
 pub mod cache;
 pub mod decide;
 pub mod listen;

@@ -66,6 +66,8 @@ pub struct AppState {
     /// What `/validate` does with its verdict on a Job, JobSet, TrainJob or
     /// PyTorchJob (`/validate/deny`, `/warn`, `/audit` say it per review).
     pub enforcement: Enforcement,
+    /// Where `Audit` verdicts go to be recorded as Events (none: only counted).
+    pub audit_events: Option<super::audit::AuditEvents>,
 }
 
 /// Counts since start, read by [`log_summaries`].
@@ -95,6 +97,7 @@ impl AppState {
             workload_decisions: Cache::new(capacity),
             totals: Totals::default(),
             enforcement: Enforcement::default(),
+            audit_events: None,
         }
     }
 }
@@ -516,6 +519,15 @@ fn answer_workload(
             state
                 .metrics
                 .workload_verdict(enforcement, d.verdict, d.reason, &namespace);
+            // Audit records the verdict on the object, off the review's path;
+            // a dry run creates no object to record it on.
+            if enforcement == Enforcement::Audit
+                && !request.dry_run
+                && let Some(events) = &state.audit_events
+                && let Some(e) = super::audit::event_for(kind, obj, &d)
+            {
+                events.record(e);
+            }
             d
         }
         _ => workload::enforce(

@@ -163,9 +163,12 @@ fn same_product(reported: &str, label: &str) -> bool {
     norm(reported) == norm(label)
 }
 
-/// `snapshot` with only the GPUs of `products` (all of them when empty).
-fn on_products(snapshot: &Snapshot, products: &[String]) -> Snapshot {
-    if products.is_empty() {
+/// `snapshot` with only the GPUs of `products` (all of them when empty);
+/// with `mig`, only the MIG slices of that profile on them (what a pod
+/// asking `nvidia.com/mig-<profile>` gets). Without, GPUs and slices alike:
+/// the device plugin's `single` MIG strategy offers slices as `nvidia.com/gpu`.
+fn on_products(snapshot: &Snapshot, products: &[String], mig: Option<&str>) -> Snapshot {
+    if products.is_empty() && mig.is_none() {
         return snapshot.clone();
     }
     let nodes: Vec<GpuNode> = snapshot
@@ -174,9 +177,16 @@ fn on_products(snapshot: &Snapshot, products: &[String]) -> Snapshot {
         .filter_map(|n| {
             let mut n = n.clone();
             let status = n.status.as_mut()?;
-            status
-                .gpus
-                .retain(|g| products.iter().any(|p| same_product(&g.product, p)));
+            status.gpus.retain(|g| {
+                products.is_empty() || products.iter().any(|p| same_product(&g.product, p))
+            });
+            if let Some(profile) = mig {
+                status.gpus.retain_mut(|g| {
+                    g.mig_devices
+                        .retain(|m| m.profile.eq_ignore_ascii_case(profile));
+                    !g.mig_devices.is_empty()
+                });
+            }
             (!status.gpus.is_empty()).then_some(n)
         })
         .collect();
@@ -190,18 +200,64 @@ fn on_products(snapshot: &Snapshot, products: &[String]) -> Snapshot {
     s
 }
 
+/// What the rule says of a job of the other kinds, before it is answered as a
+/// review ([`judge`]) or as a Kueue admission check ([`crate::kueue`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Assessment {
+    /// Fits as written on GPUs free now.
+    Fits,
+    /// Fits `product` as written, but its GPUs are not free now (`reason`).
+    NotNow { product: String, reason: String },
+    /// Not judged: why, and whether the user is told (the object asked to be
+    /// judged, or asks for GPUs).
+    NotJudged { why: String, tell: bool },
+    /// No GPU the job may run on reports to vramguard.
+    NoInventory(String),
+    /// Would run out of memory as written, or is invalid: the verdict and its message.
+    Denied { reason: Reason, message: String },
+    /// The TrainingJob rule allowed it with these warnings.
+    Allowed {
+        reason: Reason,
+        warnings: Vec<String>,
+    },
+}
+
+impl Assessment {
+    /// The admission answer (before enforcement).
+    pub fn decision(self, kind: Kind) -> Decision {
+        match self {
+            Assessment::Fits => allowed(Reason::Fits, Vec::new()),
+            Assessment::NotNow { product, reason } => allowed(
+                Reason::Fits,
+                vec![format!("fits {product} as written, but not now: {reason}")],
+            ),
+            Assessment::NotJudged { why, tell } => allowed(
+                Reason::NotJudged,
+                if tell {
+                    vec![format!(
+                        "vramguard did not judge this {}: {why}",
+                        kind.name()
+                    )]
+                } else {
+                    Vec::new()
+                },
+            ),
+            Assessment::NoInventory(what) => allowed(
+                Reason::NoInventory,
+                vec![format!(
+                    "vramguard did not judge this {}: {what}",
+                    kind.name()
+                )],
+            ),
+            Assessment::Denied { reason, message } => denied(reason, message),
+            Assessment::Allowed { reason, warnings } => allowed(reason, warnings),
+        }
+    }
+}
+
 /// Judge the object of a CREATE review of `kind` against `snapshot` at `now`
 /// (before enforcement).
 pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> Decision {
-    let name = obj
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let who = format!("{} {name}", kind.name());
-    let asked = obj
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(kinds::TRAINING_ANNOTATION))
-        .is_some();
     // A JobSet's Jobs, a TrainJob's JobSet, a TrainingJob's Job: judged as their owner.
     let owned = obj
         .pointer("/metadata/ownerReferences")
@@ -213,6 +269,21 @@ pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> De
     if owned {
         return allowed(Reason::NotJudged, Vec::new());
     }
+    assess(kind, obj, snapshot, now).decision(kind)
+}
+
+/// What the rule says of `obj`, a `kind`, against `snapshot` at `now`.
+pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> Assessment {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let who = format!("{} {name}", kind.name());
+    let asked = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(kinds::TRAINING_ANNOTATION))
+        .is_some();
+    let denied = |reason: Reason, message: String| Assessment::Denied { reason, message };
     let j = match kinds::read(kind, obj) {
         Reading::Judge(j) => j,
         Reading::NotJudged(why) => {
@@ -220,15 +291,10 @@ pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> De
                 .map(|s| s.iter().any(|p| p.gpus_per_pod > 0 || p.mig.is_some()))
                 .unwrap_or(true);
             // Silent only for what asked nothing: no annotation, no GPU.
-            let warnings = if asked || gpus {
-                vec![format!(
-                    "vramguard did not judge this {}: {why}",
-                    kind.name()
-                )]
-            } else {
-                Vec::new()
+            return Assessment::NotJudged {
+                why,
+                tell: asked || gpus,
             };
-            return allowed(Reason::NotJudged, warnings);
         }
         Reading::Invalid(errs) => {
             let list: Vec<String> = errs.iter().map(ToString::to_string).collect();
@@ -242,20 +308,18 @@ pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> De
         .as_of_unix
         .and_then(|s| Timestamp::from_second(s).ok())
         .unwrap_or(now);
-    let snapshot = on_products(snapshot, &j.products);
+    let snapshot = on_products(snapshot, &j.products, j.mig.as_deref());
     if snapshot.products().is_empty() {
-        let what = if j.products.is_empty() {
-            "the cluster reports no GPUs".to_string()
-        } else {
-            format!("no GPU of {} reports to vramguard", j.products.join(" or "))
+        let what = match (&j.mig, j.products.is_empty()) {
+            (Some(m), true) => format!("no MIG slice {m} reports to vramguard"),
+            (Some(m), false) => format!(
+                "no MIG slice {m} of {} reports to vramguard",
+                j.products.join(" or ")
+            ),
+            (None, true) => "the cluster reports no GPUs".to_string(),
+            (None, false) => format!("no GPU of {} reports to vramguard", j.products.join(" or ")),
         };
-        return allowed(
-            Reason::NoInventory,
-            vec![format!(
-                "vramguard did not judge this {}: {what}",
-                kind.name()
-            )],
-        );
+        return Assessment::NoInventory(what);
     }
     // Advice may propose the changes the fit policy allows (the trainer's
     // knobs for a command line); nothing is applied: the job runs as written.
@@ -275,7 +339,7 @@ pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> De
         Err(e) => return denied(Reason::InvalidSpec, format!("{who}: {e}")),
     };
     if let Choice::Run { plan: None, .. } = choice {
-        return allowed(Reason::Fits, Vec::new());
+        return Assessment::Fits;
     }
     // Does it fit as written on empty GPUs of some product it may run on?
     let margin = job.spec.fit_policy.safety_margin;
@@ -295,13 +359,10 @@ pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> De
                 Choice::Wait { reason } | Choice::Reject { reason, .. } => reason.clone(),
                 Choice::Run { .. } => "its GPUs are in use now".to_string(),
             };
-            return allowed(
-                Reason::Fits,
-                vec![format!(
-                    "fits {} as written, but not now: {reason}",
-                    p.product
-                )],
-            );
+            return Assessment::NotNow {
+                product: p.product.clone(),
+                reason,
+            };
         }
         if need.as_ref().is_none_or(|(n, _, _)| v.need_bytes < *n) {
             need = Some((v.need_bytes, p.product.clone(), p.usable_bytes));
@@ -338,7 +399,7 @@ pub fn judge(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> De
         Judgement::Deny {
             reason, message, ..
         } => denied(reason, format!("{who}{message} {read_from}")),
-        Judgement::Allow { reason, warnings } => allowed(reason, warnings),
+        Judgement::Allow { reason, warnings } => Assessment::Allowed { reason, warnings },
         Judgement::Invalid { message } => {
             denied(Reason::InvalidSpec, format!("{who} is invalid: {message}"))
         }
