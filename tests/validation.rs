@@ -372,8 +372,8 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["2 does not divide sequenceLength 1001"],
     ),
     (
-        "optimizer offload without ZeRO",
-        "model: {preset: gpt2}\nparallelism: {offload: optimizer}",
+        "DeepSpeed optimizer offload without ZeRO",
+        "model: {preset: gpt2}\nparallelism: {strategy: deepspeed, offload: optimizer}",
         "spec.parallelism.offload",
         &["zeroStage ≥ 1"],
     ),
@@ -859,6 +859,12 @@ fn gptq_and_awq_formats_are_checked_and_read_from_the_config() {
         (j.quantization, j.quantization_bits, j.quantization_group),
         (vramguard::api::Quantization::Awq, 4, Some(64))
     );
+    // A quantized checkpoint cannot be fully fine-tuned.
+    let errs = errors(&job(&config
+        .replace("QC", "{quant_method: gptq}")
+        .replace("mode: lora", "mode: full")));
+    assert_eq!(paths(&errs), ["spec.training.mode"]);
+    assert!(errs[0].reason.contains("gptq"), "{}", errs[0].reason);
     let errs = errors(&job(
         &config.replace("QC", "{quant_method: gptq, bits: four}")
     ));

@@ -371,6 +371,16 @@ fn validate_hinted(
         .hf_config
         .as_ref()
         .and_then(|c| hf_quantization(c, &mut errs));
+    if let (TrainingMode::Full, None, Some((q, _, _))) = (t.mode, t.quantization, from_config) {
+        errs.push(
+            "spec.training.mode",
+            format!(
+                "full fine-tuning cannot train the {} checkpoint model.hfConfig describes (its quantization_config); use mode: lora, qlora or adapter, or the config of the unquantized model",
+                quantization_name(q)
+            ),
+        );
+    }
+    // (Reported above for full fine-tuning; not again at `quantization`.)
     let written = t.quantization.or(from_config
         .map(|(q, _, _)| q)
         .filter(|_| t.mode != TrainingMode::Full));
