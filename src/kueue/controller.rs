@@ -248,7 +248,7 @@ pub async fn run_controller(
             })
     };
     let on_checks = tokio::spawn(on_checks);
-    let _abort = AbortOnDrop(on_checks);
+    let _abort = crate::operator::leader::AbortOnDrop(on_checks);
     if store.wait_until_ready().await.is_err() {
         return Err(Error::Other("the AdmissionCheck watch ended".into()));
     }
@@ -294,55 +294,10 @@ pub async fn run(
     lease: crate::operator::LeaseConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (tx, mut rx) = watch::channel(false);
-    let elector = AbortOnDrop(tokio::spawn(crate::operator::leader::elect(
-        client.clone(),
-        lease.clone(),
-        tx,
-    )));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            r = rx.wait_for(|leading| *leading) => if r.is_err() { break },
-        }
-        let mut lost = rx.clone();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let stop = async move {
-            tokio::select! {
-                _ = lost.wait_for(|leading| !*leading) => {},
-                _ = stop_rx => {},
-            }
-        };
-        let run = run_controller(client.clone(), inventory.clone(), config.clone(), stop);
-        tokio::pin!(run);
-        tokio::select! {
-            r = &mut run => {
-                if let Err(error) = r {
-                    tracing::warn!(%error, "kueue: controller stopped; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-            _ = &mut shutdown => {
-                let _ = stop_tx.send(());
-                let _ = run.await;
-                break;
-            }
-        }
-    }
-    drop(elector);
-    let leases = Api::namespaced(client, &lease.namespace);
-    if let Err(error) = crate::operator::leader::release(&leases, &lease).await {
-        tracing::warn!(%error, "kueue: releasing the Lease");
-    }
+    let c = client.clone();
+    crate::operator::leader::lead(client, lease, "kueue", shutdown, |stop| {
+        run_controller(c.clone(), inventory.clone(), config.clone(), stop)
+    })
+    .await;
     Ok(())
-}
-
-/// A task that ends when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -39,7 +39,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 
 use super::admit::{self, Decision};
 use super::conditions::{self as cond, truncate};
@@ -1217,15 +1217,6 @@ pub async fn run_controller(
     Ok(())
 }
 
-/// A task that ends when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Run as one of several replicas: only the holder of the Lease reconciles.
 /// Returns when `shutdown` resolves (releasing the Lease if held).
 pub async fn run(
@@ -1235,58 +1226,17 @@ pub async fn run(
     lease: super::leader::LeaseConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (tx, mut rx) = watch::channel(false);
-    // Dropped with this future (a crash, an abort): the renewals stop too.
-    let elector = AbortOnDrop(tokio::spawn(super::leader::elect(
-        client.clone(),
-        lease.clone(),
-        tx,
-    )));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        // Follow until we lead.
-        tokio::select! {
-            _ = &mut shutdown => break,
-            r = rx.wait_for(|leading| *leading) => if r.is_err() { break },
-        }
-        let mut lost = rx.clone();
-        let stop = async move {
-            let _ = lost.wait_for(|leading| !*leading).await;
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let stop_all = async move {
-            tokio::select! {
-                _ = stop => {},
-                _ = stop_rx => {},
-            }
-        };
-        let (c, inv, cfg) = (client.clone(), inventory.clone(), config.clone());
+    let c = client.clone();
+    super::leader::lead(client, lease, "operator", shutdown, |stop| {
+        let (c, inv, cfg) = (c.clone(), inventory.clone(), config.clone());
         let metrics = config.metrics.clone();
-        let run = async move {
-            let r = run_controller(c, inv, cfg, stop_all).await;
+        async move {
+            let r = run_controller(c, inv, cfg, stop).await;
             // Another replica leads and counts the jobs now.
             metrics.clear_phases();
             r
-        };
-        tokio::pin!(run);
-        tokio::select! {
-            r = &mut run => {
-                if let Err(error) = r {
-                    tracing::warn!(%error, "controller stopped; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-            _ = &mut shutdown => {
-                let _ = stop_tx.send(());
-                let _ = run.await;
-                break;
-            }
         }
-    }
-    drop(elector);
-    let leases = Api::namespaced(client, &lease.namespace);
-    if let Err(error) = super::leader::release(&leases, &lease).await {
-        tracing::warn!(%error, "releasing the Lease");
-    }
+    })
+    .await;
     Ok(())
 }

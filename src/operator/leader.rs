@@ -185,6 +185,72 @@ pub async fn elect(client: Client, cfg: LeaseConfig, leading: watch::Sender<bool
     }
 }
 
+/// A task that ends when its handle is dropped.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Run `work` only while this replica holds `lease`, until `shutdown`
+/// resolves (then the Lease is released if held). `work` gets a future that
+/// resolves when leadership is lost or shutdown begins, and must return soon
+/// after; an error from it is logged under `what` and `work` runs again once
+/// this replica leads.
+pub async fn lead<W, Fut, E>(
+    client: Client,
+    lease: LeaseConfig,
+    what: &'static str,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+    mut work: W,
+) where
+    W: FnMut(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let (tx, mut rx) = watch::channel(false);
+    // Dropped with this future (a crash, an abort): the renewals stop too.
+    let elector = AbortOnDrop(tokio::spawn(elect(client.clone(), lease.clone(), tx)));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        // Follow until we lead.
+        tokio::select! {
+            _ = &mut shutdown => break,
+            r = rx.wait_for(|leading| *leading) => if r.is_err() { break },
+        }
+        let mut lost = rx.clone();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = Box::pin(async move {
+            tokio::select! {
+                _ = lost.wait_for(|leading| !*leading) => {},
+                _ = stop_rx => {},
+            }
+        });
+        let run = work(stop);
+        tokio::pin!(run);
+        tokio::select! {
+            r = &mut run => {
+                if let Err(error) = r {
+                    tracing::warn!(%error, what, "controller stopped; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            _ = &mut shutdown => {
+                let _ = stop_tx.send(());
+                let _ = run.await;
+                break;
+            }
+        }
+    }
+    drop(elector);
+    let leases = Api::namespaced(client, &lease.namespace);
+    if let Err(error) = release(&leases, &lease).await {
+        tracing::warn!(%error, what, "releasing the Lease");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
