@@ -16,6 +16,7 @@ pub mod stacks;
 pub mod vision;
 
 mod activations;
+mod caching;
 mod step;
 
 use crate::api::{Breakdown, EstimateBounds, EstimateStatus, RangeSpread, ValidatedJob};
