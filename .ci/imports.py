@@ -45,7 +45,6 @@ LAYERS = [
 # Today's offenders. Keys: "file" (lines), "file::fn" (lines), "file -> module" (import
 # sites of a higher layer), "a <-> b" (a file circle; the value is always 1).
 KNOWN = {
-    'src/agent/allocator.rs <-> src/agent/simulated.rs': 1,
     'src/agent/check.rs::check': 133,
     'src/agent/cuda.rs::verify': 121,
     'src/agent/simulated.rs::from_spec': 166,
@@ -58,7 +57,6 @@ KNOWN = {
     'src/api/validate.rs::validate_hinted': 563,
     'src/apiserver/mod.rs': 1766,
     'src/apiserver/mod.rs::write': 160,
-    'src/cli/estimate.rs <-> src/cli/render.rs': 1,
     'src/cli/plot.rs::step_svg': 188,
     'src/cli/serve.rs::run': 193,
     'src/cli/spec_flags.rs': 857,
@@ -68,7 +66,6 @@ KNOWN = {
     'src/estimate/step.rs': 1431,
     'src/estimate/step.rs::transformer_stage': 638,
     'src/estimate/vision.rs': 830,
-    'src/inventory/mod.rs -> operator': 1,
     'src/kinds/mod.rs': 851,
     'src/kinds/mod.rs::from_annotation': 122,
     'src/kinds/mod.rs::read': 154,
@@ -81,7 +78,6 @@ KNOWN = {
     'src/operator/controller.rs::attempt_failed': 222,
     'src/operator/controller.rs::pending': 200,
     'src/operator/oom.rs': 894,
-    'src/plan/advice.rs <-> src/plan/shrink.rs': 1,
     'src/plan/place.rs': 988,
     'src/simulate/baseline.rs::run': 233,
     'src/simulate/cluster.rs': 856,

@@ -1,6 +1,7 @@
 //! Custom resource types (`TrainingJob`, `GpuNode`), parsing of user YAML and
 //! validation into the types the estimator consumes. No I/O.
 
+pub mod fingerprint;
 pub mod gpu_node;
 pub mod memory_profile;
 pub mod parse;
@@ -18,3 +19,12 @@ pub use validate::{
     FieldError, PRESET_HINT_ANNOTATION, ResolvedModel, ValidatedJob, ValidationErrors, validate,
     validate_job,
 };
+
+/// The name serde gives an enum value (`bf16-mixed`), for env vars and words.
+pub(crate) fn enum_name<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
