@@ -1,15 +1,23 @@
 //! Custom resource types (`TrainingJob`, `GpuNode`), parsing of user YAML and
 //! validation into the types the estimator consumes. No I/O.
 
+pub mod arch;
 pub mod fingerprint;
+pub mod framework;
 pub mod gpu_node;
+pub mod gpus;
+pub mod hf;
+pub mod layers;
 pub mod memory_profile;
+pub mod params;
 pub mod parse;
+pub mod presets;
 pub mod runtime;
 mod schema;
 pub mod structural;
 pub mod training_job;
 pub mod validate;
+pub mod vision;
 
 pub use gpu_node::*;
 pub use memory_profile::*;

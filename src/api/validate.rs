@@ -5,10 +5,10 @@
 use std::fmt;
 
 use super::training_job::*;
-use crate::estimate::arch::{Act, Arch, Kind, Mlp, Norm};
-use crate::estimate::framework::{FrameworkAllocator, allocator_of};
-use crate::estimate::params;
-use crate::estimate::presets;
+use crate::api::arch::{Act, Arch, Kind, Mlp, Norm};
+use crate::api::framework::{FrameworkAllocator, allocator_of};
+use crate::api::params;
+use crate::api::presets;
 
 /// Largest parameter count we accept (a quadrillion: 2 500 × Llama-3.1-405B).
 pub const MAX_PARAMETERS: f64 = 1e15;
@@ -88,7 +88,7 @@ impl fmt::Display for ValidationErrors {
 pub enum ResolvedModel {
     Transformer(Arch),
     /// An MLP/CNN from `layers` or a vision preset, shapes propagated.
-    Layers(Box<crate::estimate::layers::LayerStack>),
+    Layers(Box<crate::api::layers::LayerStack>),
     /// Known by size only.
     Custom {
         parameters: u64,
@@ -1009,12 +1009,12 @@ fn resolve_model(
             Some(p) => Some(p),
             // A vision preset's hint names what a layer list (or the same
             // preset) is; its dims are the layers themselves, nothing to add.
-            None if crate::estimate::vision::find(h).is_some() => {
-                let v = crate::estimate::vision::find(h).map(|v| v.name);
+            None if crate::api::vision::find(h).is_some() => {
+                let v = crate::api::vision::find(h).map(|v| v.name);
                 let same = m
                     .preset
                     .as_deref()
-                    .and_then(crate::estimate::vision::find)
+                    .and_then(crate::api::vision::find)
                     .map(|p| p.name)
                     == v;
                 if !(same || m.layers.is_some()) {
@@ -1035,7 +1035,7 @@ fn resolve_model(
                     format!(
                         "unknown preset {h:?}; known: {}",
                         presets::names()
-                            .chain(crate::estimate::vision::names())
+                            .chain(crate::api::vision::names())
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
@@ -1061,7 +1061,7 @@ fn resolve_model(
         if let Some(p) = presets::find(name) {
             return (Some(ResolvedModel::Transformer(p.arch)), p.name.to_string());
         }
-        return match crate::estimate::vision::find(name) {
+        return match crate::api::vision::find(name) {
             Some(v) => match v.analyze(m.input_shape.as_deref(), m.num_labels) {
                 Ok(stack) => (
                     Some(ResolvedModel::Layers(Box::new(stack))),
@@ -1080,7 +1080,7 @@ fn resolve_model(
                     format!(
                         "unknown preset {name:?}; known: {}",
                         presets::names()
-                            .chain(crate::estimate::vision::names())
+                            .chain(crate::api::vision::names())
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
@@ -1095,7 +1095,7 @@ fn resolve_model(
         return (arch.map(ResolvedModel::Transformer), name);
     }
     if let Some(config) = &m.hf_config {
-        return match crate::estimate::hf::arch_from_config(config) {
+        return match crate::api::hf::arch_from_config(config) {
             Ok(arch) => {
                 let name = config
                     .get("_name_or_path")
@@ -1127,7 +1127,7 @@ fn resolve_model(
             );
             return (None, String::new());
         };
-        return match crate::estimate::layers::analyze(layers, shape) {
+        return match crate::api::layers::analyze(layers, shape) {
             Ok(stack) => {
                 let name = format!("layers ({} layers)", stack.layer_count);
                 (Some(ResolvedModel::Layers(Box::new(stack))), name)

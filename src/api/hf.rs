@@ -559,7 +559,7 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::presets;
+    use crate::api::presets;
 
     fn config(v: serde_json::Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()

@@ -923,16 +923,16 @@ mod tests {
             let text = PRESETS
                 .iter()
                 .filter(|p| same_name(p.name, n) || p.aliases.iter().any(|a| same_name(a, n)));
-            let vision = crate::estimate::vision::names().filter(|v| same_name(v, n));
+            let vision = crate::api::vision::names().filter(|v| same_name(v, n));
             text.count() + vision.count()
         };
-        all.extend(crate::estimate::vision::names());
+        all.extend(crate::api::vision::names());
         for n in all {
             assert!(owners(n) <= 1 || find(n).is_some(), "{n}");
         }
         assert_eq!(find("LLaMA_3.1 8B").map(|p| p.name), Some("llama-3.1-8b"));
-        assert!(crate::estimate::vision::find("ResNet_50").is_some());
-        assert!(crate::estimate::vision::find("resnet 50").is_some());
+        assert!(crate::api::vision::find("ResNet_50").is_some());
+        assert!(crate::api::vision::find("resnet 50").is_some());
     }
 
     #[test]
