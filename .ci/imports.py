@@ -58,8 +58,6 @@ KNOWN = {
     'src/cli/serve.rs::run': 193,
     'src/estimate/step.rs': 1431,
     'src/estimate/step.rs::transformer_stage': 638,
-    'src/kinds/mod.rs::from_annotation': 122,
-    'src/kinds/mod.rs::read': 154,
     'src/kinds/trainer/hf.rs::hf': 212,
     'src/kinds/trainer/litgpt.rs::lit': 162,
     'src/kinds/trainer/torchtune.rs::tt': 241,

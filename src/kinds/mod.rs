@@ -196,30 +196,37 @@ fn field(path: String, reason: impl Into<String>) -> FieldError {
     }
 }
 
-/// Read a job of `kind` for judging.
-pub fn read(kind: Kind, obj: &Value) -> Reading {
-    let sets = match pod_sets(kind, obj) {
-        Ok(s) => s,
-        Err(e) => return Reading::NotJudged(format!("vramguard could not read the pods: {e}")),
-    };
-    let annotated = annotation(obj, TRAINING_ANNOTATION);
+/// The GPUs the pod sets ask, judged as one trainer shape.
+struct GpuShape<'a> {
+    /// The first pod set that asks GPUs.
+    first: &'a PodSet,
+    /// The MIG profile of its slices, when it asks slices.
+    mig: Option<String>,
+    per_pod: u64,
+    world: u64,
+    /// `2 pods x 8 nvidia.com/gpu`.
+    layout: String,
+}
+
+/// The trainer shape of `sets`, or why the job is not judged.
+fn gpu_shape(kind: Kind, sets: &[PodSet]) -> Result<GpuShape<'_>, String> {
     let gpu_sets: Vec<&PodSet> = sets
         .iter()
         .filter(|s| s.gpus_per_pod > 0 || s.mig.is_some())
         .collect();
-    let Some(first) = gpu_sets.first() else {
+    let Some(&first) = gpu_sets.first() else {
         let why = match kind {
             Kind::TrainJob => format!(
                 "spec.trainer.resourcesPerNode asks no {GPU_RESOURCE}; GPUs set only in the runtime are not read"
             ),
             _ => format!("no container asks for {GPU_RESOURCE}"),
         };
-        return Reading::NotJudged(why);
+        return Err(why);
     };
     // A MIG slice is judged as a GPU of the slice's memory (`mig`: its profile).
     let mig = match &first.mig {
         Some(m) if first.gpus_per_pod > 0 => {
-            return Reading::NotJudged(format!(
+            return Err(format!(
                 "{}: asks both {GPU_RESOURCE} and {m}; one kind of GPU per pod is judged",
                 first.path
             ));
@@ -227,7 +234,7 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         Some(m) => match mig_profile(m) {
             Some(p) => Some(p.to_string()),
             None => {
-                return Reading::NotJudged(format!(
+                return Err(format!(
                     "{}: {m} is not a MIG profile vramguard reads ({MIG_PREFIX}<compute>g.<memory>gb)",
                     first.path
                 ));
@@ -246,7 +253,7 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         .iter()
         .find(|s| per_pod_of(s) != per_pod_of(first) || s.mig != first.mig)
     {
-        return Reading::NotJudged(format!(
+        return Err(format!(
             "pod sets ask different GPUs ({}: {} {}, {}: {} {}); one trainer shape is judged",
             first.path,
             per_pod_of(first),
@@ -264,6 +271,32 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         if pods == 1 { "" } else { "s" },
         first.mig.as_deref().unwrap_or(GPU_RESOURCE)
     );
+    Ok(GpuShape {
+        first,
+        mig,
+        per_pod,
+        world,
+        layout,
+    })
+}
+
+/// Read a job of `kind` for judging.
+pub fn read(kind: Kind, obj: &Value) -> Reading {
+    let sets = match pod_sets(kind, obj) {
+        Ok(s) => s,
+        Err(e) => return Reading::NotJudged(format!("vramguard could not read the pods: {e}")),
+    };
+    let annotated = annotation(obj, TRAINING_ANNOTATION);
+    let GpuShape {
+        first,
+        mig,
+        per_pod,
+        world,
+        layout,
+    } = match gpu_shape(kind, &sets) {
+        Ok(shape) => shape,
+        Err(why) => return Reading::NotJudged(why),
+    };
     let products = first.products.clone();
     let tolerations = first.tolerations.clone();
     let name = obj
@@ -363,21 +396,12 @@ fn with_mig(reading: Reading, mig: Option<String>) -> Reading {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn from_annotation(
-    kind: Kind,
-    text: &str,
-    world: u64,
-    per_pod: u64,
-    layout: &str,
-    metadata: ObjectMeta,
-    mut sources: Vec<Source>,
-    products: Vec<String>,
-    tolerations: Vec<String>,
-) -> Reading {
+/// The annotation's text read into its sections (`model`, `training`, ...), or what is
+/// wrong with it, at its path under the annotation.
+fn annotation_sections(kind: Kind, text: &str) -> Result<Map<String, Value>, Vec<FieldError>> {
     let at = || annotation_path("");
     if text.len() > MAX_ANNOTATION {
-        return Reading::Invalid(vec![field(
+        return Err(vec![field(
             at(),
             format!(
                 "{} bytes; vramguard reads at most {MAX_ANNOTATION}",
@@ -388,7 +412,7 @@ fn from_annotation(
     let doc = match parse::documents(text) {
         Ok(mut d) if d.len() == 1 => d.remove(0),
         Ok(d) => {
-            return Reading::Invalid(vec![field(
+            return Err(vec![field(
                 at(),
                 format!(
                     "{} YAML documents; write one mapping with {}",
@@ -397,10 +421,10 @@ fn from_annotation(
                 ),
             )]);
         }
-        Err(e) => return Reading::Invalid(vec![field(at(), e.to_string())]),
+        Err(e) => return Err(vec![field(at(), e.to_string())]),
     };
-    let Value::Object(mut map) = doc else {
-        return Reading::Invalid(vec![field(
+    let Value::Object(map) = doc else {
+        return Err(vec![field(
             at(),
             format!("expected a mapping with {}", ANNOTATION_SECTIONS.join(", ")),
         )]);
@@ -420,8 +444,28 @@ fn from_annotation(
         })
         .collect();
     if !unknown.is_empty() {
-        return Reading::Invalid(unknown);
+        return Err(unknown);
     }
+    Ok(map)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn from_annotation(
+    kind: Kind,
+    text: &str,
+    world: u64,
+    per_pod: u64,
+    layout: &str,
+    metadata: ObjectMeta,
+    mut sources: Vec<Source>,
+    products: Vec<String>,
+    tolerations: Vec<String>,
+) -> Reading {
+    let at = || annotation_path("");
+    let mut map = match annotation_sections(kind, text) {
+        Ok(map) => map,
+        Err(errs) => return Reading::Invalid(errs),
+    };
     // The GPUs are the pods'; the annotation may repeat them, not contradict them.
     let par = map
         .entry("parallelism")
