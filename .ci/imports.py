@@ -55,7 +55,6 @@ KNOWN = {
     'src/apiserver/mod.rs': 1766,
     'src/apiserver/mod.rs::write': 160,
     'src/cli/plot.rs::step_svg': 188,
-    'src/cli/serve.rs::run': 193,
     'src/estimate/step.rs': 1431,
     'src/estimate/step.rs::transformer_stage': 638,
     'src/kinds/trainer/hf.rs::hf': 212,
