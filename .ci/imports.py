@@ -54,7 +54,6 @@ KNOWN = {
     'src/api/validate/model.rs::transformer_arch': 211,
     'src/apiserver/mod.rs': 1766,
     'src/apiserver/mod.rs::write': 160,
-    'src/cli/plot.rs::step_svg': 188,
     'src/estimate/step.rs': 1431,
     'src/estimate/step.rs::transformer_stage': 638,
     'src/kinds/trainer/hf.rs::hf': 212,
