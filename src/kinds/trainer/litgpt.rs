@@ -22,27 +22,7 @@ pub(super) fn litgpt(w: &[String]) -> Parsed {
 }
 
 fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
-    // jsonargparse: `--a.b value` or `--a.b=value`; the checkpoint is the first positional.
-    let mut opts: BTreeMap<String, String> = BTreeMap::new();
-    let mut model: Option<String> = None;
-    let mut i = 0;
-    while i < w.len() {
-        let a = &w[i];
-        if let Some(k) = a.strip_prefix("--") {
-            if let Some((k, v)) = k.split_once('=') {
-                opts.insert(k.to_string(), v.to_string());
-                i += 1;
-            } else {
-                opts.insert(k.to_string(), w.get(i + 1).cloned().unwrap_or_default());
-                i += 2;
-            }
-        } else {
-            if model.is_none() {
-                model = Some(a.clone());
-            }
-            i += 1;
-        }
-    }
+    let (opts, model) = lit_options(w);
     let model = model
         .or_else(|| opts.get("checkpoint_dir").cloned())
         .ok_or("litgpt finetune without a model")?;
@@ -80,26 +60,7 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         sources.push(src("training.quantization", format!("--quantize {q}")));
     }
     sources.push(src("training.mode", format!("finetune_{mode_word}")));
-    t.precision = match opts.get("precision").map(String::as_str) {
-        None => Precision::Bf16Mixed,
-        Some("bf16-true") => Precision::Bf16,
-        Some("bf16-mixed") => Precision::Bf16Mixed,
-        Some("16-true") => Precision::Fp16,
-        Some("16-mixed") => Precision::Fp16Mixed,
-        Some("32-true") => Precision::Fp32,
-        Some(p) => {
-            return Err(format!(
-                "--precision {p}: not bf16-true, bf16-mixed, 16-true, 16-mixed or 32-true"
-            ));
-        }
-    };
-    sources.push(src(
-        "training.precision",
-        match opts.get("precision") {
-            Some(p) => format!("--precision {p}"),
-            None => "bf16-mixed, LitGPT's default for training".to_string(),
-        },
-    ));
+    t.precision = lit_precision(&opts, &mut sources)?;
     if let Some(v) = opts.get("train.micro_batch_size") {
         t.micro_batch_size = number("--train.micro_batch_size", v)?;
         sources.push(src(
@@ -132,21 +93,7 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         ));
     }
     if matches!(t.mode, TrainingMode::Lora | TrainingMode::Qlora) {
-        let mut lora = LoraSpec::default();
-        if let Some(v) = opts.get("lora_r") {
-            lora.rank = number("--lora_r", v)?;
-        }
-        if let Some(v) = opts.get("lora_alpha") {
-            lora.alpha = number("--lora_alpha", v)? as f64;
-        }
-        sources.push(src(
-            "training.lora",
-            format!(
-                "rank {}, alpha {} (--lora_r/--lora_alpha, else vramguard's default)",
-                lora.rank, lora.alpha
-            ),
-        ));
-        t.lora = Some(lora);
+        t.lora = Some(lit_lora(&opts, &mut sources)?);
     }
     let devices = opts
         .get("devices")
@@ -182,4 +129,80 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         launcher_world: devices.map(|d| d * nodes),
         sources,
     })
+}
+
+/// jsonargparse's options (`--a.b value` or `--a.b=value`) and the first positional, the
+/// checkpoint.
+fn lit_options(w: &[String]) -> (BTreeMap<String, String>, Option<String>) {
+    let mut opts: BTreeMap<String, String> = BTreeMap::new();
+    let mut model: Option<String> = None;
+    let mut i = 0;
+    while i < w.len() {
+        let a = &w[i];
+        if let Some(k) = a.strip_prefix("--") {
+            if let Some((k, v)) = k.split_once('=') {
+                opts.insert(k.to_string(), v.to_string());
+                i += 1;
+            } else {
+                opts.insert(k.to_string(), w.get(i + 1).cloned().unwrap_or_default());
+                i += 2;
+            }
+        } else {
+            if model.is_none() {
+                model = Some(a.clone());
+            }
+            i += 1;
+        }
+    }
+    (opts, model)
+}
+
+/// `--precision`, else LitGPT's default for training.
+fn lit_precision(
+    opts: &BTreeMap<String, String>,
+    sources: &mut Vec<Source>,
+) -> Result<Precision, String> {
+    let precision = match opts.get("precision").map(String::as_str) {
+        None => Precision::Bf16Mixed,
+        Some("bf16-true") => Precision::Bf16,
+        Some("bf16-mixed") => Precision::Bf16Mixed,
+        Some("16-true") => Precision::Fp16,
+        Some("16-mixed") => Precision::Fp16Mixed,
+        Some("32-true") => Precision::Fp32,
+        Some(p) => {
+            return Err(format!(
+                "--precision {p}: not bf16-true, bf16-mixed, 16-true, 16-mixed or 32-true"
+            ));
+        }
+    };
+    sources.push(src(
+        "training.precision",
+        match opts.get("precision") {
+            Some(p) => format!("--precision {p}"),
+            None => "bf16-mixed, LitGPT's default for training".to_string(),
+        },
+    ));
+    Ok(precision)
+}
+
+/// The LoRA rank and alpha of `--lora_r` and `--lora_alpha`, else vramguard's defaults.
+fn lit_lora(
+    opts: &BTreeMap<String, String>,
+    sources: &mut Vec<Source>,
+) -> Result<LoraSpec, String> {
+    let mut lora = LoraSpec::default();
+    if let Some(v) = opts.get("lora_r") {
+        lora.rank = number("--lora_r", v)?;
+    }
+    if let Some(v) = opts.get("lora_alpha") {
+        lora.alpha = number("--lora_alpha", v)? as f64;
+    }
+    sources.push(src(
+        "training.lora",
+        format!(
+            "rank {}, alpha {} (--lora_r/--lora_alpha, else vramguard's default)",
+            lora.rank, lora.alpha
+        ),
+    ));
+    Ok(lora)
 }
