@@ -24,40 +24,7 @@ pub(super) fn torchtune(w: &[String]) -> Parsed {
 }
 
 fn tt(w: &[String]) -> Result<FromCommand, String> {
-    // torchrun's options come before the recipe.
-    let mut i = 0;
-    let mut launcher: BTreeMap<String, String> = BTreeMap::new();
-    while i < w.len() && w[i].starts_with('-') {
-        let key = w[i].trim_start_matches('-').replace('-', "_");
-        if let Some((k, v)) = key.split_once('=') {
-            launcher.insert(k.to_string(), v.to_string());
-            i += 1;
-        } else if launcher_flag(Launcher::Torchrun, &w[i]) {
-            i += 1;
-        } else {
-            launcher.insert(key, w.get(i + 1).cloned().unwrap_or_default());
-            i += 2;
-        }
-    }
-    let recipe = w.get(i).ok_or("tune run without a recipe")?.clone();
-    let rest = &w[i + 1..];
-    let mut config: Option<String> = None;
-    let mut overrides: BTreeMap<String, String> = BTreeMap::new();
-    let mut j = 0;
-    while j < rest.len() {
-        let a = &rest[j];
-        if a == "--config" || a == "-c" {
-            config = rest.get(j + 1).cloned();
-            j += 2;
-            continue;
-        }
-        if let Some(c) = a.strip_prefix("--config=") {
-            config = Some(c.to_string());
-        } else if let Some((k, v)) = a.split_once('=') {
-            overrides.insert(k.to_string(), v.to_string());
-        }
-        j += 1;
-    }
+    let (launcher, recipe, config, overrides) = tt_args(w)?;
     let config = config.ok_or_else(|| format!("tune run {recipe} without --config"))?;
     if !recipe.contains("finetune") {
         return Err(format!(
@@ -110,9 +77,102 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
         "training.mode",
         format!("{method} in --config {config}"),
     ));
+    let accumulation = tt_step(&overrides, &mut t, &mut sources)?;
+    tt_model(&overrides, &mut t, &mut sources)?;
+    let distributed = recipe.contains("distributed");
+    let world = launcher
+        .get("nproc_per_node")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|n| {
+            n * launcher
+                .get("nnodes")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+        });
+    if distributed {
+        sources.push(src(
+            "parallelism.strategy",
+            format!("fsdp, full sharding ({recipe})"),
+        ));
+    }
+    Ok(FromCommand {
+        trainer: Trainer::Torchtune,
+        preset,
+        training: t,
+        strategy: if distributed {
+            Strategy::Fsdp
+        } else {
+            Strategy::Ddp
+        },
+        sharding: distributed.then_some(Sharding::FullShard),
+        accumulation,
+        launcher_world: world,
+        sources,
+    })
+}
+
+/// torchrun's options (before the recipe), the recipe, `--config` and the `key=value`
+/// overrides.
+#[allow(clippy::type_complexity)]
+fn tt_args(
+    w: &[String],
+) -> Result<
+    (
+        BTreeMap<String, String>,
+        String,
+        Option<String>,
+        BTreeMap<String, String>,
+    ),
+    String,
+> {
+    // torchrun's options come before the recipe.
+    let mut i = 0;
+    let mut launcher: BTreeMap<String, String> = BTreeMap::new();
+    while i < w.len() && w[i].starts_with('-') {
+        let key = w[i].trim_start_matches('-').replace('-', "_");
+        if let Some((k, v)) = key.split_once('=') {
+            launcher.insert(k.to_string(), v.to_string());
+            i += 1;
+        } else if launcher_flag(Launcher::Torchrun, &w[i]) {
+            i += 1;
+        } else {
+            launcher.insert(key, w.get(i + 1).cloned().unwrap_or_default());
+            i += 2;
+        }
+    }
+    let recipe = w.get(i).ok_or("tune run without a recipe")?.clone();
+    let rest = &w[i + 1..];
+    let mut config: Option<String> = None;
+    let mut overrides: BTreeMap<String, String> = BTreeMap::new();
+    let mut j = 0;
+    while j < rest.len() {
+        let a = &rest[j];
+        if a == "--config" || a == "-c" {
+            config = rest.get(j + 1).cloned();
+            j += 2;
+            continue;
+        }
+        if let Some(c) = a.strip_prefix("--config=") {
+            config = Some(c.to_string());
+        } else if let Some((k, v)) = a.split_once('=') {
+            overrides.insert(k.to_string(), v.to_string());
+        }
+        j += 1;
+    }
+    Ok((launcher, recipe, config, overrides))
+}
+
+/// The step's knobs from the overrides (batch, accumulation, precision, checkpointing,
+/// offloading, the optimizer in backward), else what torchtune's configs set; returns the
+/// accumulation steps.
+fn tt_step(
+    overrides: &BTreeMap<String, String>,
+    t: &mut TrainingSpec,
+    sources: &mut Vec<Source>,
+) -> Result<u64, String> {
+    let get = |k: &str| overrides.get(k).map(String::as_str);
     // What torchtune's shipped configs set (batch_size 2, bf16 weights and
     // optimizer, activation checkpointing on), unless overridden.
-    let get = |k: &str| overrides.get(k).map(String::as_str);
     t.micro_batch_size = match get("batch_size") {
         Some(v) => {
             let n = number("batch_size=", v)?;
@@ -182,6 +242,16 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
             format!("optimizer_in_bwd={v}"),
         ));
     }
+    Ok(accumulation)
+}
+
+/// The sequence length, the optimizer and the adapters from the overrides.
+fn tt_model(
+    overrides: &BTreeMap<String, String>,
+    t: &mut TrainingSpec,
+    sources: &mut Vec<Source>,
+) -> Result<(), String> {
+    let get = |k: &str| overrides.get(k).map(String::as_str);
     if let Some(v) = get("tokenizer.max_seq_len") {
         t.sequence_length = number("tokenizer.max_seq_len=", v)?;
         sources.push(src(
@@ -233,34 +303,5 @@ fn tt(w: &[String]) -> Result<FromCommand, String> {
         ));
         t.lora = Some(lora);
     }
-    let distributed = recipe.contains("distributed");
-    let world = launcher
-        .get("nproc_per_node")
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(|n| {
-            n * launcher
-                .get("nnodes")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1)
-        });
-    if distributed {
-        sources.push(src(
-            "parallelism.strategy",
-            format!("fsdp, full sharding ({recipe})"),
-        ));
-    }
-    Ok(FromCommand {
-        trainer: Trainer::Torchtune,
-        preset,
-        training: t,
-        strategy: if distributed {
-            Strategy::Fsdp
-        } else {
-            Strategy::Ddp
-        },
-        sharding: distributed.then_some(Sharding::FullShard),
-        accumulation,
-        launcher_world: world,
-        sources,
-    })
+    Ok(())
 }
