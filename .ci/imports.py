@@ -56,7 +56,6 @@ KNOWN = {
     'src/apiserver/mod.rs::write': 160,
     'src/estimate/step.rs': 1431,
     'src/estimate/step.rs::transformer_stage': 638,
-    'src/kinds/trainer/hf.rs::hf': 212,
     'src/operator/controller.rs': 1242,
     'src/operator/controller.rs::active': 193,
     'src/operator/controller.rs::attempt_failed': 222,

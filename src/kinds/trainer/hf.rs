@@ -94,39 +94,7 @@ fn hf(
         }
         None => 1,
     };
-    let bf16 = truthy(o, "bf16")?;
-    let fp16 = truthy(o, "fp16")?;
-    t.precision = if bf16 {
-        sources.push(src("training.precision", "bf16-mixed, --bf16"));
-        Precision::Bf16Mixed
-    } else if fp16 {
-        sources.push(src("training.precision", "fp16-mixed, --fp16"));
-        Precision::Fp16Mixed
-    } else {
-        match launch.mixed_precision.as_deref() {
-            Some("bf16") => {
-                sources.push(src(
-                    "training.precision",
-                    "bf16-mixed, accelerate --mixed_precision bf16",
-                ));
-                Precision::Bf16Mixed
-            }
-            Some("fp16") => {
-                sources.push(src(
-                    "training.precision",
-                    "fp16-mixed, accelerate --mixed_precision fp16",
-                ));
-                Precision::Fp16Mixed
-            }
-            _ => {
-                sources.push(src(
-                    "training.precision",
-                    "fp32: neither --bf16 nor --fp16 (TrainingArguments' default)",
-                ));
-                Precision::Fp32
-            }
-        }
-    };
+    t.precision = hf_precision(o, launch, &mut sources)?;
     if truthy(o, "gradient_checkpointing")? {
         t.gradient_checkpointing = Checkpointing::Full;
         sources.push(src(
@@ -156,21 +124,89 @@ fn hf(
         sources.push(src("training.optimizer", format!("--optim {v}")));
     }
     if let Some(v) = value("attn_implementation") {
-        t.attention = match v {
-            "flash_attention_2" | "flash_attention_3" => Attention::Flash,
-            "sdpa" => Attention::Sdpa,
-            "eager" => Attention::Eager,
-            _ => {
-                return Err(format!(
-                    "--attn_implementation {v}: not eager, sdpa or flash_attention_2"
-                ));
-            }
-        };
+        t.attention = hf_attention(v)?;
         sources.push(src(
             "training.attention",
             format!("--attn_implementation {v}"),
         ));
     }
+    hf_peft(o, &mut t, &mut sources)?;
+    let (strategy, sharding) = hf_strategy(value("fsdp"), launch, &mut sources)?;
+    Ok(FromCommand {
+        trainer: Trainer::HfTrainer,
+        preset,
+        training: t,
+        strategy,
+        sharding,
+        accumulation,
+        launcher_world: launch.world,
+        sources,
+    })
+}
+
+/// The precision of `--bf16`/`--fp16`, else accelerate's `--mixed_precision`, else fp32.
+fn hf_precision(
+    o: &BTreeMap<String, Option<String>>,
+    launch: &Launch,
+    sources: &mut Vec<Source>,
+) -> Result<Precision, String> {
+    let bf16 = truthy(o, "bf16")?;
+    let fp16 = truthy(o, "fp16")?;
+    Ok(if bf16 {
+        sources.push(src("training.precision", "bf16-mixed, --bf16"));
+        Precision::Bf16Mixed
+    } else if fp16 {
+        sources.push(src("training.precision", "fp16-mixed, --fp16"));
+        Precision::Fp16Mixed
+    } else {
+        match launch.mixed_precision.as_deref() {
+            Some("bf16") => {
+                sources.push(src(
+                    "training.precision",
+                    "bf16-mixed, accelerate --mixed_precision bf16",
+                ));
+                Precision::Bf16Mixed
+            }
+            Some("fp16") => {
+                sources.push(src(
+                    "training.precision",
+                    "fp16-mixed, accelerate --mixed_precision fp16",
+                ));
+                Precision::Fp16Mixed
+            }
+            _ => {
+                sources.push(src(
+                    "training.precision",
+                    "fp32: neither --bf16 nor --fp16 (TrainingArguments' default)",
+                ));
+                Precision::Fp32
+            }
+        }
+    })
+}
+
+/// `--attn_implementation`.
+fn hf_attention(v: &str) -> Result<Attention, String> {
+    Ok(match v {
+        "flash_attention_2" | "flash_attention_3" => Attention::Flash,
+        "sdpa" => Attention::Sdpa,
+        "eager" => Attention::Eager,
+        _ => {
+            return Err(format!(
+                "--attn_implementation {v}: not eager, sdpa or flash_attention_2"
+            ));
+        }
+    })
+}
+
+/// `--use_peft` and `--load_in_4bit`: LoRA or QLoRA with TRL's defaults unless
+/// `--lora_r`/`--lora_alpha` say otherwise.
+fn hf_peft(
+    o: &BTreeMap<String, Option<String>>,
+    t: &mut TrainingSpec,
+    sources: &mut Vec<Source>,
+) -> Result<(), String> {
+    let value = |k: &str| o.get(k).and_then(|v| v.as_deref());
     let four_bit = truthy(o, "load_in_4bit")?;
     if truthy(o, "use_peft")? || four_bit {
         t.mode = if four_bit {
@@ -217,7 +253,16 @@ fn hf(
             ),
         ));
     }
-    let (strategy, sharding) = match value("fsdp") {
+    Ok(())
+}
+
+/// `--fsdp full_shard|shard_grad_op`, else accelerate's `--use_fsdp`, else DDP.
+fn hf_strategy(
+    fsdp: Option<&str>,
+    launch: &Launch,
+    sources: &mut Vec<Source>,
+) -> Result<(Strategy, Option<Sharding>), String> {
+    let (strategy, sharding) = match fsdp {
         Some(v) if v.contains("full_shard") => (Strategy::Fsdp, Some(Sharding::FullShard)),
         Some(v) if v.contains("shard_grad_op") => (Strategy::Fsdp, Some(Sharding::ShardGradOp)),
         Some(v) => return Err(format!("--fsdp {v}: not full_shard or shard_grad_op")),
@@ -234,14 +279,5 @@ fn hf(
             },
         ));
     }
-    Ok(FromCommand {
-        trainer: Trainer::HfTrainer,
-        preset,
-        training: t,
-        strategy,
-        sharding,
-        accumulation,
-        launcher_world: launch.world,
-        sources,
-    })
+    Ok((strategy, sharding))
 }
