@@ -48,7 +48,6 @@ KNOWN = {
     'src/agent/check.rs::check': 133,
     'src/agent/cuda.rs::verify': 121,
     'src/agent/simulated.rs::from_spec': 166,
-    'src/api/hf.rs::arch_from_config': 302,
     'src/api/validate/mod.rs::validate_hinted': 563,
     'src/api/validate/model.rs::resolve_model': 206,
     'src/api/validate/model.rs::transformer_arch': 211,
