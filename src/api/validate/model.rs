@@ -251,60 +251,12 @@ fn hint_mismatches(a: &Arch, p: &presets::Preset) -> Vec<String> {
     out
 }
 
-pub(super) fn transformer_arch(
-    errs: &mut Errors,
-    t: &TransformerSpec,
-    hint: Option<&presets::Preset>,
-) -> Option<Arch> {
-    let before = errs.0.len();
-    let path = "spec.model.transformer";
-    const MAX_DIM: u64 = 1 << 24;
-    let dims = [
-        ("layers", t.layers),
-        ("hiddenSize", t.hidden_size),
-        ("attentionHeads", t.attention_heads),
-        ("vocabSize", t.vocab_size),
-    ];
-    for (name, v) in dims {
-        errs.at_least(&format!("{path}.{name}"), v, 1);
-        errs.at_most(&format!("{path}.{name}"), v, MAX_DIM);
-    }
-    let heads = t.attention_heads;
-    let kv_heads = t.kv_heads.unwrap_or(heads);
-    errs.at_least(&format!("{path}.kvHeads"), kv_heads, 1);
-    if kv_heads > 0 && !heads.is_multiple_of(kv_heads) {
-        errs.push(
-            &format!("{path}.kvHeads"),
-            format!("{kv_heads} does not divide attentionHeads {heads}"),
-        );
-    }
-    let head_dim = match t.head_dim {
-        Some(d) => {
-            errs.at_least(&format!("{path}.headDim"), d, 1);
-            errs.at_most(&format!("{path}.headDim"), d, MAX_DIM);
-            d
-        }
-        None => {
-            if heads > 0 && !t.hidden_size.is_multiple_of(heads) {
-                errs.push(
-                    &format!("{path}.attentionHeads"),
-                    format!(
-                        "{heads} does not divide hiddenSize {}; set headDim if the model's heads are not hiddenSize / heads wide",
-                        t.hidden_size
-                    ),
-                );
-            }
-            t.hidden_size.checked_div(heads).unwrap_or(0)
-        }
-    };
-    let intermediate = match t.intermediate_size {
-        Some(i) => {
-            errs.at_least(&format!("{path}.intermediateSize"), i, 1);
-            errs.at_most(&format!("{path}.intermediateSize"), i, MAX_DIM);
-            i
-        }
-        None => t.hidden_size.saturating_mul(4),
-    };
+/// Largest width or count a spelled-out transformer may give.
+const MAX_DIM: u64 = 1 << 24;
+
+/// The mixture-of-experts fields of a spelled-out transformer checked; returns the MLP
+/// width of its dense blocks (0 without any).
+fn mixture_of_experts(errs: &mut Errors, t: &TransformerSpec, path: &str) -> u64 {
     if t.experts == 0 && t.experts_per_token != 0 {
         errs.push(
             &format!("{path}.expertsPerToken"),
@@ -339,7 +291,7 @@ pub(super) fn transformer_arch(
         t.shared_intermediate_size,
         MAX_DIM,
     );
-    let dense_intermediate = match (t.dense_layers, t.dense_intermediate_size) {
+    match (t.dense_layers, t.dense_intermediate_size) {
         (0, None) => 0,
         (0, Some(_)) => {
             errs.push(
@@ -373,7 +325,70 @@ pub(super) fn transformer_arch(
                 }
             }
         }
+    }
+}
+
+/// The attention heads, the key/value heads and the head width of a spelled-out
+/// transformer, checked.
+fn attention_widths(errs: &mut Errors, t: &TransformerSpec, path: &str) -> (u64, u64, u64) {
+    let heads = t.attention_heads;
+    let kv_heads = t.kv_heads.unwrap_or(heads);
+    errs.at_least(&format!("{path}.kvHeads"), kv_heads, 1);
+    if kv_heads > 0 && !heads.is_multiple_of(kv_heads) {
+        errs.push(
+            &format!("{path}.kvHeads"),
+            format!("{kv_heads} does not divide attentionHeads {heads}"),
+        );
+    }
+    let head_dim = match t.head_dim {
+        Some(d) => {
+            errs.at_least(&format!("{path}.headDim"), d, 1);
+            errs.at_most(&format!("{path}.headDim"), d, MAX_DIM);
+            d
+        }
+        None => {
+            if heads > 0 && !t.hidden_size.is_multiple_of(heads) {
+                errs.push(
+                    &format!("{path}.attentionHeads"),
+                    format!(
+                        "{heads} does not divide hiddenSize {}; set headDim if the model's heads are not hiddenSize / heads wide",
+                        t.hidden_size
+                    ),
+                );
+            }
+            t.hidden_size.checked_div(heads).unwrap_or(0)
+        }
     };
+    (heads, kv_heads, head_dim)
+}
+
+pub(super) fn transformer_arch(
+    errs: &mut Errors,
+    t: &TransformerSpec,
+    hint: Option<&presets::Preset>,
+) -> Option<Arch> {
+    let before = errs.0.len();
+    let path = "spec.model.transformer";
+    let dims = [
+        ("layers", t.layers),
+        ("hiddenSize", t.hidden_size),
+        ("attentionHeads", t.attention_heads),
+        ("vocabSize", t.vocab_size),
+    ];
+    for (name, v) in dims {
+        errs.at_least(&format!("{path}.{name}"), v, 1);
+        errs.at_most(&format!("{path}.{name}"), v, MAX_DIM);
+    }
+    let (heads, kv_heads, head_dim) = attention_widths(errs, t, path);
+    let intermediate = match t.intermediate_size {
+        Some(i) => {
+            errs.at_least(&format!("{path}.intermediateSize"), i, 1);
+            errs.at_most(&format!("{path}.intermediateSize"), i, MAX_DIM);
+            i
+        }
+        None => t.hidden_size.saturating_mul(4),
+    };
+    let dense_intermediate = mixture_of_experts(errs, t, path);
     errs.at_most(&format!("{path}.maxPositions"), t.max_positions, MAX_DIM);
     let decoder_layers = match (t.kind, t.decoder_layers) {
         (TransformerKind::EncoderDecoder, d) => {
