@@ -49,7 +49,6 @@ KNOWN = {
     'src/agent/cuda.rs::verify': 121,
     'src/agent/simulated.rs::from_spec': 166,
     'src/api/validate/mod.rs::validate_hinted': 563,
-    'src/api/validate/model.rs::resolve_model': 206,
     'src/apiserver/mod.rs': 1766,
     'src/apiserver/mod.rs::write': 160,
     'src/estimate/step.rs': 1431,

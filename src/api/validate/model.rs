@@ -4,6 +4,138 @@
 
 use super::*;
 
+/// The transformer preset the preset-hint annotation names (`None`: no hint, or a vision
+/// preset's, which adds nothing), checked against the model; `Err` once a problem with it
+/// is reported.
+fn preset_hint(
+    errs: &mut Errors,
+    m: &ModelSpec,
+    hint: Option<&str>,
+) -> Result<Option<&'static presets::Preset>, ()> {
+    let hinted = match hint {
+        None => None,
+        Some(h) => match presets::find(h) {
+            Some(p) => Some(p),
+            // A vision preset's hint names what a layer list (or the same
+            // preset) is; its dims are the layers themselves, nothing to add.
+            None if crate::api::vision::find(h).is_some() => {
+                let v = crate::api::vision::find(h).map(|v| v.name);
+                let same = m
+                    .preset
+                    .as_deref()
+                    .and_then(crate::api::vision::find)
+                    .map(|p| p.name)
+                    == v;
+                if !(same || m.layers.is_some()) {
+                    errs.push(
+                        HINT_PATH,
+                        format!(
+                            "names the vision preset {} but is read only with spec.model.layers (or the same spec.model.preset)",
+                            v.unwrap_or(h)
+                        ),
+                    );
+                    return Err(());
+                }
+                None
+            }
+            None => {
+                errs.push(
+                    HINT_PATH,
+                    format!(
+                        "unknown preset {h:?}; known: {}",
+                        presets::names()
+                            .chain(crate::api::vision::names())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+                return Err(());
+            }
+        },
+    };
+    if let Some(h) = hinted
+        && m.transformer.is_none()
+        && m.preset.as_deref().and_then(presets::find).map(|p| p.name) != Some(h.name)
+    {
+        errs.push(
+            HINT_PATH,
+            format!(
+                "names {} but is read only with spec.model.transformer (or the same spec.model.preset)",
+                h.name
+            ),
+        );
+        return Err(());
+    }
+    Ok(hinted)
+}
+
+/// `spec.model.preset`: a transformer of the catalog, or a vision preset's layers.
+fn from_preset(errs: &mut Errors, m: &ModelSpec, name: &str) -> (Option<ResolvedModel>, String) {
+    if let Some(p) = presets::find(name) {
+        return (Some(ResolvedModel::Transformer(p.arch)), p.name.to_string());
+    }
+    match crate::api::vision::find(name) {
+        Some(v) => match v.analyze(m.input_shape.as_deref(), m.num_labels) {
+            Ok(stack) => (
+                Some(ResolvedModel::Layers(Box::new(stack))),
+                v.name.to_string(),
+            ),
+            Err(problems) => {
+                for (path, reason) in problems {
+                    errs.push(&path, reason);
+                }
+                (None, String::new())
+            }
+        },
+        None => {
+            errs.push(
+                "spec.model.preset",
+                format!(
+                    "unknown preset {name:?}; known: {}",
+                    presets::names()
+                        .chain(crate::api::vision::names())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+            (None, String::new())
+        }
+    }
+}
+
+/// `spec.model.custom`: a model known by its parameter count and activation bytes.
+fn custom_model(errs: &mut Errors, c: &CustomModel) -> (Option<ResolvedModel>, String) {
+    let before = errs.0.len();
+    let parameters = count_from_f64(
+        errs,
+        "spec.model.custom.parameters",
+        c.parameters,
+        1.0,
+        MAX_PARAMETERS,
+    );
+    let act = count_from_f64(
+        errs,
+        "spec.model.custom.activationBytesPerSample",
+        c.activation_bytes_per_sample,
+        0.0,
+        MAX_BYTES,
+    );
+    if errs.0.len() != before {
+        return (None, String::new());
+    }
+    let (Some(parameters), Some(activation_bytes_per_sample)) = (parameters, act) else {
+        return (None, String::new());
+    };
+    let name = format!("custom {:.2}B", parameters as f64 / 1e9);
+    (
+        Some(ResolvedModel::Custom {
+            parameters,
+            activation_bytes_per_sample,
+        }),
+        name,
+    )
+}
+
 pub(super) fn resolve_model(
     errs: &mut Errors,
     m: &ModelSpec,
@@ -40,91 +172,11 @@ pub(super) fn resolve_model(
             return (None, String::new());
         }
     }
-    let hinted = match hint {
-        None => None,
-        Some(h) => match presets::find(h) {
-            Some(p) => Some(p),
-            // A vision preset's hint names what a layer list (or the same
-            // preset) is; its dims are the layers themselves, nothing to add.
-            None if crate::api::vision::find(h).is_some() => {
-                let v = crate::api::vision::find(h).map(|v| v.name);
-                let same = m
-                    .preset
-                    .as_deref()
-                    .and_then(crate::api::vision::find)
-                    .map(|p| p.name)
-                    == v;
-                if !(same || m.layers.is_some()) {
-                    errs.push(
-                        HINT_PATH,
-                        format!(
-                            "names the vision preset {} but is read only with spec.model.layers (or the same spec.model.preset)",
-                            v.unwrap_or(h)
-                        ),
-                    );
-                    return (None, String::new());
-                }
-                None
-            }
-            None => {
-                errs.push(
-                    HINT_PATH,
-                    format!(
-                        "unknown preset {h:?}; known: {}",
-                        presets::names()
-                            .chain(crate::api::vision::names())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
-                return (None, String::new());
-            }
-        },
-    };
-    if let Some(h) = hinted
-        && m.transformer.is_none()
-        && m.preset.as_deref().and_then(presets::find).map(|p| p.name) != Some(h.name)
-    {
-        errs.push(
-            HINT_PATH,
-            format!(
-                "names {} but is read only with spec.model.transformer (or the same spec.model.preset)",
-                h.name
-            ),
-        );
+    let Ok(hinted) = preset_hint(errs, m, hint) else {
         return (None, String::new());
-    }
+    };
     if let Some(name) = &m.preset {
-        if let Some(p) = presets::find(name) {
-            return (Some(ResolvedModel::Transformer(p.arch)), p.name.to_string());
-        }
-        return match crate::api::vision::find(name) {
-            Some(v) => match v.analyze(m.input_shape.as_deref(), m.num_labels) {
-                Ok(stack) => (
-                    Some(ResolvedModel::Layers(Box::new(stack))),
-                    v.name.to_string(),
-                ),
-                Err(problems) => {
-                    for (path, reason) in problems {
-                        errs.push(&path, reason);
-                    }
-                    (None, String::new())
-                }
-            },
-            None => {
-                errs.push(
-                    "spec.model.preset",
-                    format!(
-                        "unknown preset {name:?}; known: {}",
-                        presets::names()
-                            .chain(crate::api::vision::names())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
-                (None, String::new())
-            }
-        };
+        return from_preset(errs, m, name);
     }
     if let Some(t) = &m.transformer {
         let arch = transformer_arch(errs, t, hinted);
@@ -178,35 +230,7 @@ pub(super) fn resolve_model(
         };
     }
     if let Some(c) = &m.custom {
-        let before = errs.0.len();
-        let parameters = count_from_f64(
-            errs,
-            "spec.model.custom.parameters",
-            c.parameters,
-            1.0,
-            MAX_PARAMETERS,
-        );
-        let act = count_from_f64(
-            errs,
-            "spec.model.custom.activationBytesPerSample",
-            c.activation_bytes_per_sample,
-            0.0,
-            MAX_BYTES,
-        );
-        if errs.0.len() != before {
-            return (None, String::new());
-        }
-        let (Some(parameters), Some(activation_bytes_per_sample)) = (parameters, act) else {
-            return (None, String::new());
-        };
-        let name = format!("custom {:.2}B", parameters as f64 / 1e9);
-        return (
-            Some(ResolvedModel::Custom {
-                parameters,
-                activation_bytes_per_sample,
-            }),
-            name,
-        );
+        return custom_model(errs, c);
     }
     (None, String::new())
 }
