@@ -699,7 +699,8 @@ fn fake_api_server(api: FakeApi) -> Router {
         .with_state(api)
 }
 
-#[tokio::test]
+// The API is an in-process router: the intervals run on paused time.
+#[tokio::test(start_paused = true)]
 async fn publishing_loop_applies_spec_and_status_every_interval() {
     let api = FakeApi::default();
     let client = kube::Client::new(fake_api_server(api.clone()), "default");

@@ -664,15 +664,20 @@ async fn two_replicas_one_leader() {
     let server = ApiServer::start().await;
     server.put(&gpu_node("gpu-a", 8, 79));
     let a = Replica::start(&server, "op-a");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let b = Replica::start(&server, "op-b");
-    let holder = || {
-        server
-            .get::<Lease>(Some("vramguard-system"), "vramguard-operator")
-            .and_then(|l| l.spec?.holder_identity)
-    };
+    let lease = || server.get::<Lease>(Some("vramguard-system"), "vramguard-operator");
+    let holder = || lease().and_then(|l| l.spec?.holder_identity);
     eventually("a leader", || async { holder() }).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b = Replica::start(&server, "op-b");
+    // Renewals by the holder until a whole lease duration after the second replica
+    // started: had the first stopped renewing, the second would have taken over.
+    let renewed = || lease().and_then(|l| l.spec?.renew_time).map(|t| t.0);
+    let b_started = renewed().expect("a renewal time");
+    let duration = fast_lease("op-a").lease_duration;
+    eventually("renewals for a lease duration", || async {
+        let span_ms = renewed()?.as_millisecond() - b_started.as_millisecond();
+        (span_ms > duration.as_millis() as i64).then_some(())
+    })
+    .await;
     assert_eq!(
         holder().as_deref(),
         Some("op-a"),

@@ -171,8 +171,8 @@ async fn raw(server: &Server, head: &str, body: &[u8]) -> u16 {
             }
         }
         let _ = wr.flush().await;
-        // Keep the write half open until the answer is read.
-        tokio::time::sleep(Duration::from_secs(30)).await;
+        // Keep the write half open until the answer is read (the task is aborted then).
+        std::future::pending::<()>().await;
     });
     let status = status_of(&mut rd, Duration::from_secs(10)).await;
     writer.abort();
@@ -502,21 +502,21 @@ fn metric(text: &str, name: &str) -> f64 {
 
 /// A review whose body comes a byte a second and never ends: its status (0 when
 /// the server closed without one) and when that came.
-async fn slow_body(dialer: Dialer) -> (u16, Duration) {
+async fn slow_body(dialer: Dialer, sent: tokio::sync::mpsc::Sender<()>) -> (u16, Duration) {
     let started = Instant::now();
     let tls = dialer.dial(b"").await.expect("connects");
     let (mut rd, mut wr) = tokio::io::split(tls);
     let writer = tokio::spawn(async move {
         let head = format!("{}{{", post_head(1000));
-        if wr.write_all(head.as_bytes()).await.is_err() {
+        if wr.write_all(head.as_bytes()).await.is_err() || wr.flush().await.is_err() {
             return;
         }
+        // The head and the first byte of the body are out.
+        let _ = sent.send(()).await;
+        drop(sent);
         loop {
-            if wr.flush().await.is_err() {
-                return;
-            }
             tokio::time::sleep(Duration::from_secs(1)).await;
-            if wr.write_all(b" ").await.is_err() {
+            if wr.write_all(b" ").await.is_err() || wr.flush().await.is_err() {
                 return;
             }
         }
@@ -608,11 +608,18 @@ async fn slow_bodies_and_idle_connections_do_not_hold_the_webhook() {
     let good = serde_json::to_vec(&template).expect("JSON");
 
     // Slow bodies: more clients than reviews judged at once.
+    let (sent, mut heads_out) = tokio::sync::mpsc::channel(SLOW_BODIES);
     let slow: Vec<_> = (0..SLOW_BODIES)
-        .map(|_| tokio::spawn(slow_body(server.dialer.clone())))
+        .map(|_| tokio::spawn(slow_body(server.dialer.clone(), sent.clone())))
         .collect();
+    drop(sent);
     // Every slow client has sent its head and a byte.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..SLOW_BODIES {
+        heads_out
+            .recv()
+            .await
+            .expect("every slow client sends its head");
+    }
     let (health, _, health_took) = timed_get(&server.dialer, "/healthz")
         .await
         .expect("/healthz");

@@ -6,7 +6,38 @@
 use serde::Deserialize;
 
 use super::bytes::{ByteSize, human};
-use super::simulated::{SimError, SimProcessSpec, field};
+
+/// Why a simulated-GPU file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error("{path}: {reason}")]
+    Read { path: String, reason: String },
+    #[error("not valid YAML: {0}")]
+    Syntax(String),
+    /// A field is wrong; `path` names it (`gpus[1].processes[0].allocations[2]`).
+    #[error("{path}: {reason}")]
+    Field { path: String, reason: String },
+}
+
+pub(super) fn field(path: impl Into<String>, reason: impl Into<String>) -> SimError {
+    SimError::Field {
+        path: path.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A process holding memory on the GPU.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimProcessSpec {
+    pub pid: u32,
+    /// One block this process holds (its context and tensors), placed first.
+    #[serde(default)]
+    pub used_bytes: Option<ByteSize>,
+    /// The process's allocation history, replayed in order.
+    #[serde(default)]
+    pub allocations: Vec<AllocOp>,
+}
 
 /// One step of an allocation history: exactly one of `alloc`, `fill`,
 /// `freeEvery`, `freeLast`.

@@ -15,7 +15,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::allocator::{AllocOp, Allocator, replay};
+use super::allocator::{Allocator, field, replay};
+pub use super::allocator::{SimError, SimProcessSpec};
 use super::bytes::{ByteSize, human};
 use super::gpu::{
     BlockProbe, DEFAULT_GRANULARITY_BYTES, DeviceInfo, Gpu, GpuError, Health, MemoryCheck,
@@ -30,25 +31,6 @@ const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
 /// Most GPUs one simulated node holds: each is a copy of its allocator, so a
 /// `count` of four billion would take the agent's memory with it.
 pub const MAX_GPUS: usize = 1024;
-
-/// Why a simulated-GPU file could not be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SimError {
-    #[error("{path}: {reason}")]
-    Read { path: String, reason: String },
-    #[error("not valid YAML: {0}")]
-    Syntax(String),
-    /// A field is wrong; `path` names it (`gpus[1].processes[0].allocations[2]`).
-    #[error("{path}: {reason}")]
-    Field { path: String, reason: String },
-}
-
-pub(super) fn field(path: impl Into<String>, reason: impl Into<String>) -> SimError {
-    SimError::Field {
-        path: path.into(),
-        reason: reason.into(),
-    }
-}
 
 /// The file: one node.
 #[derive(Clone, Debug, Deserialize)]
@@ -139,19 +121,6 @@ pub enum Unreadable {
     Health,
     /// No libcuda: no context measurement and no largest-block probe.
     Cuda,
-}
-
-/// A process holding memory on the GPU.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SimProcessSpec {
-    pub pid: u32,
-    /// One block this process holds (its context and tensors), placed first.
-    #[serde(default)]
-    pub used_bytes: Option<ByteSize>,
-    /// The process's allocation history, replayed in order.
-    #[serde(default)]
-    pub allocations: Vec<AllocOp>,
 }
 
 /// A MIG slice.

@@ -1,14 +1,23 @@
 //! Custom resource types (`TrainingJob`, `GpuNode`), parsing of user YAML and
 //! validation into the types the estimator consumes. No I/O.
 
+pub mod arch;
+pub mod fingerprint;
+pub mod framework;
 pub mod gpu_node;
+pub mod gpus;
+pub mod hf;
+pub mod layers;
 pub mod memory_profile;
+pub mod params;
 pub mod parse;
+pub mod presets;
 pub mod runtime;
 mod schema;
 pub mod structural;
 pub mod training_job;
 pub mod validate;
+pub mod vision;
 
 pub use gpu_node::*;
 pub use memory_profile::*;
@@ -18,3 +27,12 @@ pub use validate::{
     FieldError, PRESET_HINT_ANNOTATION, ResolvedModel, ValidatedJob, ValidationErrors, validate,
     validate_job,
 };
+
+/// The name serde gives an enum value (`bf16-mixed`), for env vars and words.
+pub(crate) fn enum_name<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}

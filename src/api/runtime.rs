@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::TrainingJobSpec;
-use crate::estimate::framework::env_var;
+use crate::api::framework::env_var;
 
 /// `spec.training.runtime`: release versions, `MAJOR.MINOR[.PATCH][+local]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -10,6 +10,7 @@ pub mod paint;
 mod plot;
 pub mod problems;
 mod render;
+mod report;
 pub mod serve;
 pub mod simulate;
 pub mod spec_flags;

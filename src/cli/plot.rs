@@ -140,87 +140,11 @@ pub fn step_svg(
             ),
         ));
 
-    // The axis: GiB ticks.
-    let step = nice_step(top / GIB);
-    let mut axis = Group::new().set("class", "axis");
-    let mut tick = 0.0;
-    while tick * GIB <= top {
-        let ty = y(tick * GIB);
-        axis = axis
-            .add(
-                Line::new()
-                    .set("x1", LEFT)
-                    .set("x2", LEFT + plot_w)
-                    .set("y1", ty)
-                    .set("y2", ty)
-                    .set("stroke", "#eeeeee"),
-            )
-            .add(text(LEFT - 8.0, ty + 4.0, format!("{tick}")).set("text-anchor", "end"));
-        tick += step;
-    }
-    axis = axis.add(
-        text(16.0, TOP + plot_h / 2.0, "GiB per GPU")
-            .set(
-                "transform",
-                format!("rotate(-90 16 {})", TOP + plot_h / 2.0),
-            )
-            .set("text-anchor", "middle"),
-    );
-    doc = doc.add(axis);
+    doc = doc.add(axis_group(top, plot_w, plot_h, &y));
 
     for (i, bar) in bars.iter().enumerate() {
         let x = LEFT + slot * i as f64 + (slot - bar_w) / 2.0;
-        let mut group = Group::new()
-            .set("class", "phase")
-            .set("data-phase", bar.phase);
-        let mut base = 0.0;
-        for ((layer, colour), bytes) in LAYERS.iter().zip(&bar.layers) {
-            if *bytes <= 0.0 {
-                continue;
-            }
-            group = group.add(
-                Rectangle::new()
-                    .set("class", "component")
-                    .set("data-component", *layer)
-                    .set("x", x)
-                    .set("y", y(base + bytes))
-                    .set("width", bar_w)
-                    .set("height", (y(base) - y(base + bytes)).max(0.0))
-                    .set("fill", *colour)
-                    .add(Title::new(format!(
-                        "{}: {layer} {}",
-                        bar.phase,
-                        gib(*bytes)
-                    ))),
-            );
-            base += bytes;
-        }
-        let (lo, hi) = (base * low, base * high);
-        group = group
-            .add(
-                Rectangle::new()
-                    .set("class", "range")
-                    .set("x", x - bar_w * 0.1)
-                    .set("y", y(hi))
-                    .set("width", bar_w * 1.2)
-                    .set("height", (y(lo) - y(hi)).max(1.0))
-                    .set("fill", "#000000")
-                    .set("fill-opacity", 0.12)
-                    .set("stroke", "#000000")
-                    .set("stroke-dasharray", "3 2")
-                    .add(Title::new(format!(
-                        "{}: {} (range {} – {})",
-                        bar.phase,
-                        gib(base),
-                        gib(lo),
-                        gib(hi)
-                    ))),
-            )
-            .add(
-                text(x + bar_w / 2.0, HEIGHT - BOTTOM + 18.0, bar.phase)
-                    .set("text-anchor", "middle"),
-            );
-        doc = doc.add(group);
+        doc = doc.add(bar_group(bar, x, bar_w, (low, high), &y));
     }
 
     let uy = y(usable);
@@ -246,7 +170,100 @@ pub fn step_svg(
             .set("fill", "#d00000"),
         );
 
-    // The legend: the layers that appear in some bar.
+    doc = doc.add(legend(&bars));
+    Ok(doc.to_string())
+}
+
+/// The axis: GiB ticks up to `top` bytes, and its title.
+fn axis_group(top: f64, plot_w: f64, plot_h: f64, y: &dyn Fn(f64) -> f64) -> Group {
+    let step = nice_step(top / GIB);
+    let mut axis = Group::new().set("class", "axis");
+    let mut tick = 0.0;
+    while tick * GIB <= top {
+        let ty = y(tick * GIB);
+        axis = axis
+            .add(
+                Line::new()
+                    .set("x1", LEFT)
+                    .set("x2", LEFT + plot_w)
+                    .set("y1", ty)
+                    .set("y2", ty)
+                    .set("stroke", "#eeeeee"),
+            )
+            .add(text(LEFT - 8.0, ty + 4.0, format!("{tick}")).set("text-anchor", "end"));
+        tick += step;
+    }
+    axis = axis.add(
+        text(16.0, TOP + plot_h / 2.0, "GiB per GPU")
+            .set(
+                "transform",
+                format!("rotate(-90 16 {})", TOP + plot_h / 2.0),
+            )
+            .set("text-anchor", "middle"),
+    );
+    axis
+}
+
+/// One phase's bar: its components stacked, the band of the range, its name.
+fn bar_group(
+    bar: &Bar,
+    x: f64,
+    bar_w: f64,
+    (low, high): (f64, f64),
+    y: &dyn Fn(f64) -> f64,
+) -> Group {
+    let mut group = Group::new()
+        .set("class", "phase")
+        .set("data-phase", bar.phase);
+    let mut base = 0.0;
+    for ((layer, colour), bytes) in LAYERS.iter().zip(&bar.layers) {
+        if *bytes <= 0.0 {
+            continue;
+        }
+        group = group.add(
+            Rectangle::new()
+                .set("class", "component")
+                .set("data-component", *layer)
+                .set("x", x)
+                .set("y", y(base + bytes))
+                .set("width", bar_w)
+                .set("height", (y(base) - y(base + bytes)).max(0.0))
+                .set("fill", *colour)
+                .add(Title::new(format!(
+                    "{}: {layer} {}",
+                    bar.phase,
+                    gib(*bytes)
+                ))),
+        );
+        base += bytes;
+    }
+    let (lo, hi) = (base * low, base * high);
+    group = group
+        .add(
+            Rectangle::new()
+                .set("class", "range")
+                .set("x", x - bar_w * 0.1)
+                .set("y", y(hi))
+                .set("width", bar_w * 1.2)
+                .set("height", (y(lo) - y(hi)).max(1.0))
+                .set("fill", "#000000")
+                .set("fill-opacity", 0.12)
+                .set("stroke", "#000000")
+                .set("stroke-dasharray", "3 2")
+                .add(Title::new(format!(
+                    "{}: {} (range {} – {})",
+                    bar.phase,
+                    gib(base),
+                    gib(lo),
+                    gib(hi)
+                ))),
+        )
+        .add(text(x + bar_w / 2.0, HEIGHT - BOTTOM + 18.0, bar.phase).set("text-anchor", "middle"));
+    group
+}
+
+/// The legend: the layers that appear in some bar.
+fn legend(bars: &[Bar]) -> Group {
     let mut legend = Group::new().set("class", "legend");
     let mut ly = TOP;
     for (i, (layer, colour)) in LAYERS.iter().enumerate().rev() {
@@ -265,8 +282,7 @@ pub fn step_svg(
             .add(text(WIDTH - RIGHT + 38.0, ly + 10.0, *layer));
         ly += 18.0;
     }
-    doc = doc.add(legend);
-    Ok(doc.to_string())
+    legend
 }
 
 /// 1, 2 or 5 times a power of ten, for about six ticks up to `max`.

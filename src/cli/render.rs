@@ -2,8 +2,8 @@
 
 use std::io::{self, Write};
 
-use super::estimate::JobReport;
 use super::paint::Paint;
+use super::report::JobReport;
 use crate::api::EstimateStatus;
 use crate::estimate::{GIB, breakdown_entries};
 use crate::plan::PlaceOutcome;

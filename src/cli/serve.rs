@@ -152,47 +152,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 
     // TLS is checked before anything binds.
-    let (config, watched) = match (tls_cert, tls_key, self_signed) {
-        (Some(cert), Some(key), false) => (tls::load(&cert, &key)?, Some((cert, key))),
-        (None, None, true) => {
-            let pair = tls::self_signed(&tls_hosts)?;
-            if let Some(path) = &ca_out {
-                std::fs::write(path, &pair.ca_pem).with_context(|| path.display().to_string())?;
-            } else {
-                println!("{}", pair.ca_pem);
-            }
-            let config = tls::server_config_from_pem(
-                pair.cert_pem.as_bytes(),
-                pair.key_pem.as_bytes(),
-                std::path::Path::new("(generated)"),
-                std::path::Path::new("(generated)"),
-            )?;
-            (config, None)
-        }
-        _ => bail!("give --tls-cert and --tls-key, or --self-signed"),
-    };
-    let rustls = axum_server::tls_rustls::RustlsConfig::from_config(config);
+    let (rustls, watched) = server_tls(tls_cert, tls_key, self_signed, ca_out, &tls_hosts)?;
 
-    let mut client = None;
-    let (source, driver): (Arc<dyn Source>, futures::future::BoxFuture<'static, ()>) = match cluster
-    {
-        Some(path) => {
-            let nodes = read_cluster(&path)?;
-            let now = k8s_openapi::jiff::Timestamp::now().as_second();
-            (
-                Arc::new(inventory::Static::new(nodes, now)),
-                Box::pin(std::future::pending()),
-            )
-        }
-        None => {
-            let c = kube::Client::try_default().await.context(
-                "connecting to the Kubernetes API (give --cluster FILE to run without one)",
-            )?;
-            let (source, driver) = inventory::reflect::start(c.clone());
-            client = Some(c);
-            (Arc::new(source), Box::pin(driver))
-        }
-    };
+    let (source, driver, client) = inventory_source(cluster).await?;
     // One registry for /metrics: the webhook's families, the operator's, the build.
     let mut state = AppState::new(source.clone());
     state.enforcement = enforcement;
@@ -209,63 +171,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         };
         tokio::spawn(webhook::audit::run(client.clone(), reporter, queue));
     }
-    let kueue: futures::future::BoxFuture<'static, anyhow::Result<()>> = match &client {
-        Some(client) if kueue_admission_check => {
-            let identity = identity(identity_flag.clone());
-            let lease = operator::LeaseConfig::new(
-                &lease_namespace,
-                &format!("{lease_name}-kueue"),
-                &identity,
-            );
-            let config = crate::kueue::controller::Config {
-                retry_after: kueue_retry_after_secs,
-                ..crate::kueue::controller::Config::default()
-            };
-            tracing::info!(
-                controller = crate::kueue::CONTROLLER_NAME,
-                "kueue: admission check controller standing for leader"
-            );
-            let (client, source) = (client.clone(), source.clone());
-            Box::pin(async move {
-                crate::kueue::controller::run(
-                    client,
-                    source,
-                    config,
-                    lease,
-                    super::shutdown_signal("kueue: stepping down"),
-                )
-                .await
-                .map_err(anyhow::Error::from)
-            })
-        }
-        _ => Box::pin(std::future::pending()),
-    };
+    let kueue = kueue_controller(
+        client.as_ref().filter(|_| kueue_admission_check),
+        &source,
+        identity_flag.clone(),
+        &lease_namespace,
+        &lease_name,
+        kueue_retry_after_secs,
+    );
     // The operator runs with a live inventory; a static file has no cluster to act on.
-    let operator: futures::future::BoxFuture<'static, anyhow::Result<()>> = match client {
-        Some(client) if !no_operator => {
-            let identity = identity(identity_flag);
-            let config = operator::Config {
-                instance: Some(identity.clone()),
-                metrics: operator_metrics,
-                ..operator::Config::default()
-            };
-            let lease = operator::LeaseConfig::new(&lease_namespace, &lease_name, &identity);
-            tracing::info!(%identity, lease = %lease_name, namespace = %lease_namespace, "operator: standing for leader");
-            let source = source.clone();
-            Box::pin(async move {
-                operator::run(
-                    client,
-                    source,
-                    config,
-                    lease,
-                    super::shutdown_signal("operator: stepping down"),
-                )
-                .await
-                .map_err(anyhow::Error::from)
-            })
-        }
-        _ => Box::pin(std::future::pending()),
-    };
+    let operator = operator_loop(
+        client.filter(|_| !no_operator),
+        &source,
+        identity_flag,
+        operator_metrics,
+        &lease_namespace,
+        &lease_name,
+    );
     let state = Arc::new(state);
     tokio::spawn(webhook::log_summaries(
         state.clone(),
@@ -316,4 +238,143 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The server drained; let the operator give up its Lease.
     let _ = tokio::time::timeout(Duration::from_secs(5), operator).await;
     Ok(())
+}
+
+/// The server's TLS config: the files given (and the pair to watch for changes), or a
+/// self-signed pair whose CA is written to `ca_out` or printed.
+fn server_tls(
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    self_signed: bool,
+    ca_out: Option<PathBuf>,
+    tls_hosts: &[String],
+) -> anyhow::Result<(
+    axum_server::tls_rustls::RustlsConfig,
+    Option<(PathBuf, PathBuf)>,
+)> {
+    let (config, watched) = match (tls_cert, tls_key, self_signed) {
+        (Some(cert), Some(key), false) => (tls::load(&cert, &key)?, Some((cert, key))),
+        (None, None, true) => {
+            let pair = tls::self_signed(tls_hosts)?;
+            if let Some(path) = &ca_out {
+                std::fs::write(path, &pair.ca_pem).with_context(|| path.display().to_string())?;
+            } else {
+                println!("{}", pair.ca_pem);
+            }
+            let config = tls::server_config_from_pem(
+                pair.cert_pem.as_bytes(),
+                pair.key_pem.as_bytes(),
+                std::path::Path::new("(generated)"),
+                std::path::Path::new("(generated)"),
+            )?;
+            (config, None)
+        }
+        _ => bail!("give --tls-cert and --tls-key, or --self-signed"),
+    };
+    Ok((
+        axum_server::tls_rustls::RustlsConfig::from_config(config),
+        watched,
+    ))
+}
+
+/// The Kueue AdmissionCheck controller when asked for (and a cluster is there), else a
+/// future that never ends.
+fn kueue_controller(
+    client: Option<&kube::Client>,
+    source: &Arc<dyn Source>,
+    identity_flag: Option<String>,
+    lease_namespace: &str,
+    lease_name: &str,
+    retry_after: u32,
+) -> futures::future::BoxFuture<'static, anyhow::Result<()>> {
+    let Some(client) = client else {
+        return Box::pin(std::future::pending());
+    };
+    let identity = identity(identity_flag);
+    let lease =
+        operator::LeaseConfig::new(lease_namespace, &format!("{lease_name}-kueue"), &identity);
+    let config = crate::kueue::controller::Config {
+        retry_after,
+        ..crate::kueue::controller::Config::default()
+    };
+    tracing::info!(
+        controller = crate::kueue::CONTROLLER_NAME,
+        "kueue: admission check controller standing for leader"
+    );
+    let (client, source) = (client.clone(), source.clone());
+    Box::pin(async move {
+        crate::kueue::controller::run(
+            client,
+            source,
+            config,
+            lease,
+            super::shutdown_signal("kueue: stepping down"),
+        )
+        .await
+        .map_err(anyhow::Error::from)
+    })
+}
+
+/// The operator, standing for leader, when a cluster is there and it is not turned off;
+/// else a future that never ends.
+fn operator_loop(
+    client: Option<kube::Client>,
+    source: &Arc<dyn Source>,
+    identity_flag: Option<String>,
+    metrics: operator::OperatorMetrics,
+    lease_namespace: &str,
+    lease_name: &str,
+) -> futures::future::BoxFuture<'static, anyhow::Result<()>> {
+    let Some(client) = client else {
+        return Box::pin(std::future::pending());
+    };
+    let identity = identity(identity_flag);
+    let config = operator::Config {
+        instance: Some(identity.clone()),
+        metrics,
+        ..operator::Config::default()
+    };
+    let lease = operator::LeaseConfig::new(lease_namespace, lease_name, &identity);
+    tracing::info!(%identity, lease = %lease_name, namespace = %lease_namespace, "operator: standing for leader");
+    let source = source.clone();
+    Box::pin(async move {
+        operator::run(
+            client,
+            source,
+            config,
+            lease,
+            super::shutdown_signal("operator: stepping down"),
+        )
+        .await
+        .map_err(anyhow::Error::from)
+    })
+}
+
+/// Where the GPUs are read from: a static cluster file, or the cluster's GpuNodes through
+/// reflectors (with their driver, and the client).
+async fn inventory_source(
+    cluster: Option<PathBuf>,
+) -> anyhow::Result<(
+    Arc<dyn Source>,
+    futures::future::BoxFuture<'static, ()>,
+    Option<kube::Client>,
+)> {
+    Ok(match cluster {
+        Some(path) => {
+            let nodes = read_cluster(&path)?;
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            (
+                Arc::new(inventory::Static::new(nodes, now)),
+                Box::pin(std::future::pending()),
+                None,
+            )
+        }
+        None => {
+            let c = kube::Client::try_default().await.context(
+                "connecting to the Kubernetes API (give --cluster FILE to run without one)",
+            )?;
+            let (source, driver) = inventory::reflect::start(c.clone());
+            (Arc::new(source), Box::pin(driver), Some(c))
+        }
+    })
 }

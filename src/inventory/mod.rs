@@ -10,11 +10,11 @@ use std::sync::{Arc, LazyLock, OnceLock};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
+use crate::api::fingerprint;
 use crate::api::{
     GpuNode, GpuNodeSpec, GpuNodeStatus, GpuStatus, MemoryProfile, NodeTaint, TrainingJobSpec,
 };
 use crate::estimate::gpus::{self, GpuProduct};
-use crate::operator::fingerprint;
 
 pub mod reflect;
 

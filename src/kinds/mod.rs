@@ -15,6 +15,7 @@
 //!   command line ([`trainer`]); else the job is not judged, and why is said.
 
 pub mod knobs;
+mod pods;
 pub mod shell;
 pub mod trainer;
 
@@ -28,6 +29,7 @@ use crate::api::{
     ValidatedJob, parse,
 };
 pub use knobs::Knobs;
+pub use pods::{MIG_PREFIX, PodSetError, mig_profile, pod_sets};
 pub use trainer::{Source, Trainer};
 
 /// The annotation that tells vramguard the model and recipe of a job.
@@ -169,284 +171,6 @@ fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str)
 }
 
-/// A count field: absent gives `default`; anything but a whole number ≥ 0 is an error.
-fn count(v: &Value, key: &str, path: &str, default: u64) -> Result<u64, String> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .ok_or_else(|| format!("{path}.{key}: {n} is not a whole number")),
-        Some(Value::String(s)) => s
-            .parse::<u64>()
-            .map_err(|_| format!("{path}.{key}: {s:?} is not a whole number")),
-        Some(other) => Err(format!("{path}.{key}: {other} is not a whole number")),
-    }
-}
-
-/// A resource quantity of whole devices (`8`, `"8"`).
-fn devices(v: &Value, path: &str) -> Result<u64, String> {
-    match v {
-        Value::Number(n) => n
-            .as_u64()
-            .ok_or_else(|| format!("{path}: {n} is not a whole number of devices")),
-        Value::String(s) => s
-            .parse::<u64>()
-            .map_err(|_| format!("{path}: {s:?} is not a whole number of devices")),
-        other => Err(format!("{path}: {other} is not a quantity")),
-    }
-}
-
-/// The resource prefix of a MIG slice (`nvidia.com/mig-3g.40gb`).
-pub const MIG_PREFIX: &str = "nvidia.com/mig-";
-
-/// The MIG profile a resource names (`nvidia.com/mig-3g.40gb` → `3g.40gb`):
-/// `<compute>g.<memory>gb`, as the device plugin's mixed strategy names
-/// them; `None` for anything else.
-pub fn mig_profile(resource: &str) -> Option<&str> {
-    let profile = resource.strip_prefix(MIG_PREFIX)?;
-    let (g, mem) = profile.split_once("g.")?;
-    let gb = mem.strip_suffix("gb")?;
-    let digits = |s: &str| !s.is_empty() && s.len() <= 3 && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(g) && digits(gb)).then_some(profile)
-}
-
-/// GPUs and MIG slices one container's resources ask for (limits, else
-/// requests): whole GPUs, and the MIG resource with its count.
-fn container_gpus(
-    resources: Option<&Value>,
-    path: &str,
-) -> Result<(u64, Option<(String, u64)>), String> {
-    let Some(r) = resources else {
-        return Ok((0, None));
-    };
-    let mut gpus = 0;
-    let mut mig = None;
-    for part in ["limits", "requests"] {
-        let Some(map) = r.get(part).and_then(Value::as_object) else {
-            continue;
-        };
-        if let Some(q) = map.get(GPU_RESOURCE) {
-            gpus = devices(q, &format!("{path}.{part}[{GPU_RESOURCE}]"))?;
-        }
-        if let Some((k, q)) = map.iter().find(|(k, _)| k.starts_with(MIG_PREFIX)) {
-            let n = devices(q, &format!("{path}.{part}[{k}]"))?;
-            mig = Some((k.clone(), n));
-        }
-        if gpus > 0 || mig.is_some() {
-            break;
-        }
-    }
-    Ok((gpus, mig))
-}
-
-fn argv_of(c: &Value) -> Vec<String> {
-    ["command", "args"]
-        .iter()
-        .filter_map(|k| c.get(*k).and_then(Value::as_array))
-        .flatten()
-        .filter_map(|w| w.as_str().map(str::to_string))
-        .collect()
-}
-
-/// GPU products a pod spec's node selector or required node affinity allows.
-fn products_of(pod_spec: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(p) = pod_spec
-        .get("nodeSelector")
-        .and_then(|s| s.get(PRODUCT_LABEL))
-        .and_then(Value::as_str)
-    {
-        out.push(p.to_string());
-    }
-    let terms = pod_spec
-        .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-        .and_then(Value::as_array);
-    for term in terms.into_iter().flatten() {
-        for e in term
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if str_at(e, "key") == Some(PRODUCT_LABEL) && str_at(e, "operator") == Some("In") {
-                for v in e
-                    .get("values")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(v) = v.as_str()
-                        && !out.iter().any(|o| o == v)
-                    {
-                        out.push(v.to_string());
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-fn tolerations_of(pod_spec: &Value) -> Vec<String> {
-    pod_spec
-        .get("tolerations")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| {
-            let key = str_at(t, "key").unwrap_or("");
-            if key.is_empty() {
-                (str_at(t, "operator") == Some("Exists")).then(|| "*".to_string())
-            } else {
-                Some(key.to_string())
-            }
-        })
-        .collect()
-}
-
-/// A pod set from a pod spec at `path`.
-fn pod_set(pod_spec: &Value, path: &str, pods: u64) -> Result<PodSet, String> {
-    let mut containers = Vec::new();
-    let mut mig: Option<String> = None;
-    let mut mig_per_pod = 0u64;
-    for (i, c) in pod_spec
-        .get("containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let cpath = format!("{path}.containers[{i}]");
-        let (gpus, m) = container_gpus(c.get("resources"), &format!("{cpath}.resources"))?;
-        if let Some((resource, n)) = m {
-            match &mig {
-                Some(other) if *other != resource => {
-                    return Err(format!(
-                        "{cpath}.resources asks {resource}, another container {other}; one MIG profile per pod is read"
-                    ));
-                }
-                _ => {
-                    mig = Some(resource);
-                    mig_per_pod = mig_per_pod.saturating_add(n);
-                }
-            }
-        }
-        containers.push(Container {
-            path: cpath,
-            argv: argv_of(c),
-            gpus,
-        });
-    }
-    Ok(PodSet {
-        path: path.to_string(),
-        pods,
-        gpus_per_pod: containers.iter().map(|c| c.gpus).sum(),
-        mig,
-        mig_per_pod,
-        products: products_of(pod_spec),
-        tolerations: tolerations_of(pod_spec),
-        containers,
-    })
-}
-
-/// The pod sets of an object of `kind`.
-pub fn pod_sets(kind: Kind, obj: &Value) -> Result<Vec<PodSet>, String> {
-    let null = Value::Null;
-    let spec = obj.get("spec").unwrap_or(&null);
-    let mut out = Vec::new();
-    match kind {
-        Kind::Job => {
-            let pods = count(spec, "parallelism", "spec", 1)?;
-            let pod = spec.pointer("/template/spec").unwrap_or(&null);
-            out.push(pod_set(pod, "spec.template.spec", pods)?);
-        }
-        Kind::JobSet => {
-            for (i, rj) in spec
-                .get("replicatedJobs")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .take(MAX_POD_SETS)
-            {
-                let path = format!("spec.replicatedJobs[{i}]");
-                let replicas = count(rj, "replicas", &path, 1)?;
-                let job = rj.pointer("/template/spec").unwrap_or(&null);
-                let parallelism = count(job, "parallelism", &format!("{path}.template.spec"), 1)?;
-                let pod = job.pointer("/template/spec").unwrap_or(&null);
-                out.push(pod_set(
-                    pod,
-                    &format!("{path}.template.spec.template.spec"),
-                    replicas.saturating_mul(parallelism),
-                )?);
-            }
-        }
-        Kind::PyTorchJob => {
-            let specs = spec.get("pytorchReplicaSpecs").and_then(Value::as_object);
-            for (role, rs) in specs.into_iter().flatten().take(MAX_POD_SETS) {
-                let path = format!("spec.pytorchReplicaSpecs.{role}");
-                let replicas = count(rs, "replicas", &path, 1)?;
-                let pod = rs.pointer("/template/spec").unwrap_or(&null);
-                out.push(pod_set(pod, &format!("{path}.template.spec"), replicas)?);
-            }
-        }
-        Kind::Workload => {
-            for (i, ps) in spec
-                .get("podSets")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .take(MAX_POD_SETS)
-            {
-                let path = format!("spec.podSets[{i}]");
-                let pods = count(ps, "count", &path, 1)?;
-                let pod = ps.pointer("/template/spec").unwrap_or(&null);
-                out.push(pod_set(pod, &format!("{path}.template.spec"), pods)?);
-            }
-        }
-        Kind::TrainJob => {
-            let trainer = spec.get("trainer").unwrap_or(&null);
-            let nodes = count(trainer, "numNodes", "spec.trainer", 1)?;
-            let (gpus, mig) = container_gpus(
-                trainer.get("resourcesPerNode"),
-                "spec.trainer.resourcesPerNode",
-            )?;
-            // The node selector and tolerations of the pod overrides.
-            let mut products = Vec::new();
-            let mut tolerations = Vec::new();
-            for o in spec
-                .get("podSpecOverrides")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                products.extend(products_of(o));
-                tolerations.extend(tolerations_of(o));
-            }
-            let (mig, mig_per_pod) = match mig {
-                Some((r, n)) => (Some(r), n),
-                None => (None, 0),
-            };
-            out.push(PodSet {
-                path: "spec.trainer".to_string(),
-                pods: nodes,
-                gpus_per_pod: gpus,
-                mig,
-                mig_per_pod,
-                products,
-                tolerations,
-                containers: vec![Container {
-                    path: "spec.trainer".to_string(),
-                    argv: argv_of(trainer),
-                    gpus,
-                }],
-            });
-        }
-    }
-    Ok(out)
-}
-
 fn annotation(obj: &Value, key: &str) -> Option<String> {
     obj.pointer("/metadata/annotations")
         .and_then(|a| a.get(key))
@@ -472,30 +196,37 @@ fn field(path: String, reason: impl Into<String>) -> FieldError {
     }
 }
 
-/// Read a job of `kind` for judging.
-pub fn read(kind: Kind, obj: &Value) -> Reading {
-    let sets = match pod_sets(kind, obj) {
-        Ok(s) => s,
-        Err(e) => return Reading::NotJudged(format!("vramguard could not read the pods: {e}")),
-    };
-    let annotated = annotation(obj, TRAINING_ANNOTATION);
+/// The GPUs the pod sets ask, judged as one trainer shape.
+struct GpuShape<'a> {
+    /// The first pod set that asks GPUs.
+    first: &'a PodSet,
+    /// The MIG profile of its slices, when it asks slices.
+    mig: Option<String>,
+    per_pod: u64,
+    world: u64,
+    /// `2 pods x 8 nvidia.com/gpu`.
+    layout: String,
+}
+
+/// The trainer shape of `sets`, or why the job is not judged.
+fn gpu_shape(kind: Kind, sets: &[PodSet]) -> Result<GpuShape<'_>, String> {
     let gpu_sets: Vec<&PodSet> = sets
         .iter()
         .filter(|s| s.gpus_per_pod > 0 || s.mig.is_some())
         .collect();
-    let Some(first) = gpu_sets.first() else {
+    let Some(&first) = gpu_sets.first() else {
         let why = match kind {
             Kind::TrainJob => format!(
                 "spec.trainer.resourcesPerNode asks no {GPU_RESOURCE}; GPUs set only in the runtime are not read"
             ),
             _ => format!("no container asks for {GPU_RESOURCE}"),
         };
-        return Reading::NotJudged(why);
+        return Err(why);
     };
     // A MIG slice is judged as a GPU of the slice's memory (`mig`: its profile).
     let mig = match &first.mig {
         Some(m) if first.gpus_per_pod > 0 => {
-            return Reading::NotJudged(format!(
+            return Err(format!(
                 "{}: asks both {GPU_RESOURCE} and {m}; one kind of GPU per pod is judged",
                 first.path
             ));
@@ -503,7 +234,7 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         Some(m) => match mig_profile(m) {
             Some(p) => Some(p.to_string()),
             None => {
-                return Reading::NotJudged(format!(
+                return Err(format!(
                     "{}: {m} is not a MIG profile vramguard reads ({MIG_PREFIX}<compute>g.<memory>gb)",
                     first.path
                 ));
@@ -522,7 +253,7 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         .iter()
         .find(|s| per_pod_of(s) != per_pod_of(first) || s.mig != first.mig)
     {
-        return Reading::NotJudged(format!(
+        return Err(format!(
             "pod sets ask different GPUs ({}: {} {}, {}: {} {}); one trainer shape is judged",
             first.path,
             per_pod_of(first),
@@ -540,6 +271,32 @@ pub fn read(kind: Kind, obj: &Value) -> Reading {
         if pods == 1 { "" } else { "s" },
         first.mig.as_deref().unwrap_or(GPU_RESOURCE)
     );
+    Ok(GpuShape {
+        first,
+        mig,
+        per_pod,
+        world,
+        layout,
+    })
+}
+
+/// Read a job of `kind` for judging.
+pub fn read(kind: Kind, obj: &Value) -> Reading {
+    let sets = match pod_sets(kind, obj) {
+        Ok(s) => s,
+        Err(e) => return Reading::NotJudged(format!("vramguard could not read the pods: {e}")),
+    };
+    let annotated = annotation(obj, TRAINING_ANNOTATION);
+    let GpuShape {
+        first,
+        mig,
+        per_pod,
+        world,
+        layout,
+    } = match gpu_shape(kind, &sets) {
+        Ok(shape) => shape,
+        Err(why) => return Reading::NotJudged(why),
+    };
     let products = first.products.clone();
     let tolerations = first.tolerations.clone();
     let name = obj
@@ -639,21 +396,12 @@ fn with_mig(reading: Reading, mig: Option<String>) -> Reading {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn from_annotation(
-    kind: Kind,
-    text: &str,
-    world: u64,
-    per_pod: u64,
-    layout: &str,
-    metadata: ObjectMeta,
-    mut sources: Vec<Source>,
-    products: Vec<String>,
-    tolerations: Vec<String>,
-) -> Reading {
+/// The annotation's text read into its sections (`model`, `training`, ...), or what is
+/// wrong with it, at its path under the annotation.
+fn annotation_sections(kind: Kind, text: &str) -> Result<Map<String, Value>, Vec<FieldError>> {
     let at = || annotation_path("");
     if text.len() > MAX_ANNOTATION {
-        return Reading::Invalid(vec![field(
+        return Err(vec![field(
             at(),
             format!(
                 "{} bytes; vramguard reads at most {MAX_ANNOTATION}",
@@ -664,7 +412,7 @@ fn from_annotation(
     let doc = match parse::documents(text) {
         Ok(mut d) if d.len() == 1 => d.remove(0),
         Ok(d) => {
-            return Reading::Invalid(vec![field(
+            return Err(vec![field(
                 at(),
                 format!(
                     "{} YAML documents; write one mapping with {}",
@@ -673,10 +421,10 @@ fn from_annotation(
                 ),
             )]);
         }
-        Err(e) => return Reading::Invalid(vec![field(at(), e.to_string())]),
+        Err(e) => return Err(vec![field(at(), e.to_string())]),
     };
-    let Value::Object(mut map) = doc else {
-        return Reading::Invalid(vec![field(
+    let Value::Object(map) = doc else {
+        return Err(vec![field(
             at(),
             format!("expected a mapping with {}", ANNOTATION_SECTIONS.join(", ")),
         )]);
@@ -696,8 +444,28 @@ fn from_annotation(
         })
         .collect();
     if !unknown.is_empty() {
-        return Reading::Invalid(unknown);
+        return Err(unknown);
     }
+    Ok(map)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn from_annotation(
+    kind: Kind,
+    text: &str,
+    world: u64,
+    per_pod: u64,
+    layout: &str,
+    metadata: ObjectMeta,
+    mut sources: Vec<Source>,
+    products: Vec<String>,
+    tolerations: Vec<String>,
+) -> Reading {
+    let at = || annotation_path("");
+    let mut map = match annotation_sections(kind, text) {
+        Ok(map) => map,
+        Err(errs) => return Reading::Invalid(errs),
+    };
     // The GPUs are the pods'; the annotation may repeat them, not contradict them.
     let par = map
         .entry("parallelism")

@@ -585,3 +585,35 @@ fn the_annotation_wins_over_the_command_and_is_validated_as_a_training_job() {
     };
     assert_eq!(errs[0].reason, tj_errs[0].reason);
 }
+
+#[test]
+fn unreadable_pods_are_a_typed_error_naming_the_field() {
+    let obj = mig_job(1, &[json!({"limits": {"nvidia.com/mig-1g.10gb": "two"}})]);
+    let err = pod_sets(Kind::Job, &obj).unwrap_err();
+    let path = "spec.template.spec.containers[0].resources.limits[nvidia.com/mig-1g.10gb]";
+    assert_eq!(
+        err,
+        PodSetError::Field {
+            path: path.to_string(),
+            reason: "\"two\" is not a whole number of devices".to_string(),
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("{path}: \"two\" is not a whole number of devices")
+    );
+    let mixed = mig_job(
+        1,
+        &[
+            json!({"limits": {"nvidia.com/mig-1g.10gb": 1}}),
+            json!({"limits": {"nvidia.com/mig-2g.20gb": 1}}),
+        ],
+    );
+    let err = pod_sets(Kind::Job, &mixed).unwrap_err();
+    assert!(matches!(err, PodSetError::MixedMig { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "spec.template.spec.containers[1].resources asks nvidia.com/mig-2g.20gb, another \
+         container nvidia.com/mig-1g.10gb; one MIG profile per pod is read"
+    );
+}

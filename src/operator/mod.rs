@@ -12,7 +12,7 @@ pub mod admit;
 pub mod conditions;
 pub mod controller;
 pub mod events;
-pub mod fingerprint;
+pub use crate::api::fingerprint;
 pub mod leader;
 pub mod learn;
 pub mod ledger;
@@ -25,11 +25,4 @@ pub use controller::{Config, FINALIZER, run, run_controller};
 pub use leader::LeaseConfig;
 pub use metrics::OperatorMetrics;
 
-/// The name serde gives an enum value (`bf16-mixed`), for env vars and words.
-pub(crate) fn enum_name<T: serde::Serialize>(v: &T) -> String {
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::String(s)) => s,
-        Ok(other) => other.to_string(),
-        Err(_) => String::new(),
-    }
-}
+pub(crate) use crate::api::enum_name;

@@ -16,10 +16,12 @@ pub use place::{
     reservations_of, scale_bytes,
 };
 pub use settings::{ALL_FIELDS, Plan, Settings, effective_batch};
-pub use shrink::{Allowance, Shrink, cheapest_plan, search, search_below, shrink};
+pub use shrink::{Allowance, cheapest_plan, search, search_below};
 
-use crate::estimate::Estimate;
+use crate::api::ValidatedJob;
 use crate::estimate::framework::AllocatorLimit;
+use crate::estimate::{Estimate, EstimateError, GpuProduct};
+use advice::advise;
 use serde::Serialize;
 
 /// What one GPU offers a job.
@@ -232,6 +234,50 @@ pub fn scaled_view(usable: u64, scale: f64) -> GpuView {
         usable
     };
     GpuView::empty(bytes)
+}
+
+/// What the planner says about a job on one GPU.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shrink {
+    /// The `--gpu` name of the product.
+    pub gpu: &'static str,
+    /// The job as written against this GPU's view.
+    pub as_written: Verdict,
+    /// The cheapest plan the fit policy allows that fits (no changes when the
+    /// job fits as written); `None` when none does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// Why nothing allowed fits and what would; set exactly when `plan` is `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<Advice>,
+}
+
+/// Fit the job to `view` of `gpu` under its own fit policy: as written if it
+/// fits, else the cheapest allowed plan, else advice. Errors only when the job
+/// as written cannot be estimated.
+pub fn shrink(
+    job: &ValidatedJob,
+    gpu: &'static GpuProduct,
+    view: GpuView,
+) -> Result<Shrink, EstimateError> {
+    let (as_written, plan) = shrink::as_written_and_plan(job, gpu, view)?;
+    if plan.is_some() {
+        return Ok(Shrink {
+            gpu: gpu.name,
+            as_written,
+            plan,
+            advice: None,
+        });
+    }
+    let allowed = Allowance::from_policy(&job.spec.fit_policy);
+    let advice = advise(job, gpu, view, allowed, &as_written);
+    Ok(Shrink {
+        gpu: gpu.name,
+        as_written,
+        plan: None,
+        advice: Some(advice),
+    })
 }
 
 #[cfg(test)]

@@ -16,9 +16,6 @@
 //! accumulation as written (never above the written micro-batch) and the
 //! accumulation steps make up the rest.
 
-use serde::Serialize;
-
-use super::advice::{Advice, advise};
 use super::settings::{ALL_FIELDS, Plan, Settings, effective_batch};
 use super::{GpuView, Verdict, cost, fit_estimate};
 use crate::api::{
@@ -93,23 +90,6 @@ impl Allowance {
     pub fn is_empty(&self) -> bool {
         self.fields == 0
     }
-}
-
-/// What the planner says about a job on one GPU.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Shrink {
-    /// The `--gpu` name of the product.
-    pub gpu: &'static str,
-    /// The job as written against this GPU's view.
-    pub as_written: Verdict,
-    /// The cheapest plan the fit policy allows that fits (no changes when the
-    /// job fits as written); `None` when none does.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan: Option<Plan>,
-    /// Why nothing allowed fits and what would; set exactly when `plan` is `None`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub advice: Option<Advice>,
 }
 
 /// One combination of the discrete knobs and its cost.
@@ -381,7 +361,7 @@ pub fn search_below(
 
 /// The job as written against `view` of `gpu`, and the plan [`shrink`] would
 /// choose (no changes when it fits as written), without the advice.
-fn as_written_and_plan(
+pub(super) fn as_written_and_plan(
     job: &ValidatedJob,
     gpu: &'static GpuProduct,
     view: GpuView,
@@ -422,39 +402,13 @@ pub fn cheapest_plan(
     as_written_and_plan(job, gpu, view).map(|(_, plan)| plan)
 }
 
-/// Fit the job to `view` of `gpu` under its own fit policy: as written if it
-/// fits, else the cheapest allowed plan, else advice. Errors only when the job
-/// as written cannot be estimated.
-pub fn shrink(
-    job: &ValidatedJob,
-    gpu: &'static GpuProduct,
-    view: GpuView,
-) -> Result<Shrink, EstimateError> {
-    let (as_written, plan) = as_written_and_plan(job, gpu, view)?;
-    if plan.is_some() {
-        return Ok(Shrink {
-            gpu: gpu.name,
-            as_written,
-            plan,
-            advice: None,
-        });
-    }
-    let allowed = Allowance::from_policy(&job.spec.fit_policy);
-    let advice = advise(job, gpu, view, allowed, &as_written);
-    Ok(Shrink {
-        gpu: gpu.name,
-        as_written,
-        plan: None,
-        advice: Some(advice),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{self, TrainingJobSpec};
     use crate::estimate::gpus;
     use crate::plan::fit;
+    use crate::plan::shrink;
 
     fn job(yaml: &str) -> ValidatedJob {
         let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");

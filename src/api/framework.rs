@@ -290,7 +290,7 @@ pub fn allocator_of(spec: &TrainingJobSpec) -> Result<FrameworkAllocator, Vec<(S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::gpus::find;
+    use crate::api::gpus::find;
 
     fn spec(framework: &str, env: &str) -> TrainingJobSpec {
         let yaml = format!(

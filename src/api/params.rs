@@ -253,7 +253,7 @@ pub fn lora(a: &Arch, rank: u64, targets: &[String]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::presets::PRESETS;
+    use crate::api::presets::PRESETS;
 
     #[test]
     fn every_preset_counts_to_its_published_size() {
@@ -277,29 +277,27 @@ mod tests {
 
     #[test]
     fn llama_3_8b_is_exact() {
-        let p = crate::estimate::presets::find("llama-3-8b").unwrap();
+        let p = crate::api::presets::find("llama-3-8b").unwrap();
         assert_eq!(count(&p.arch, Head::Lm, 2).unwrap().total, 8_030_261_248);
     }
 
     #[test]
     fn overflowing_dims_give_none() {
-        let mut a = crate::estimate::presets::find("gpt2").unwrap().arch;
+        let mut a = crate::api::presets::find("gpt2").unwrap().arch;
         a.hidden = u64::MAX / 2;
         assert!(count(&a, Head::Lm, 2).is_none());
     }
 
     #[test]
     fn lora_counts_rank_times_in_plus_out() {
-        let a = crate::estimate::presets::find("llama-2-7b").unwrap().arch;
+        let a = crate::api::presets::find("llama-2-7b").unwrap().arch;
         let n = lora(&a, 8, &["q_proj".into(), "v_proj".into()]).unwrap();
         assert_eq!(n, 32 * 2 * 8 * (4096 + 4096));
     }
 
     #[test]
     fn lora_on_an_mlp_projection_counts_every_expert_the_shared_ones_and_dense_blocks() {
-        let a = crate::estimate::presets::find("deepseek-moe-16b")
-            .unwrap()
-            .arch;
+        let a = crate::api::presets::find("deepseek-moe-16b").unwrap().arch;
         let (r, h) = (8, 2048);
         let got = lora(&a, r, &["down_proj".to_string()]).unwrap();
         // One dense block (10944 wide), 27 MoE blocks of 64 experts (1408 wide)

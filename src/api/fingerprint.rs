@@ -11,7 +11,7 @@
 
 use serde_json::{Value, json};
 
-use crate::api::TrainingJobSpec;
+use super::TrainingJobSpec;
 
 /// FNV-1a, 64 bits: stable across builds and platforms (unlike `std`'s hasher).
 pub fn fnv1a(bytes: &[u8]) -> u64 {

@@ -184,221 +184,12 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
             );
             return Err(r.errs);
         }
-        "phi" => {
-            let layers = r.dim(&["num_hidden_layers"], None);
-            let hidden = r.dim(&["hidden_size"], None);
-            let heads = r.dim(&["num_attention_heads"], None);
-            let kv_heads = r.dim(&["num_key_value_heads"], Some(heads));
-            Arch {
-                kind: Kind::Decoder,
-                layers,
-                decoder_layers: 0,
-                hidden,
-                heads,
-                kv_heads,
-                head_dim: hidden / heads.max(1),
-                intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
-                vocab: r.dim(&["vocab_size"], None),
-                mlp: Mlp::Standard,
-                act: r.act("hidden_act", "gelu_new"),
-                tied: r.flag("tie_word_embeddings", false),
-                experts: 0,
-                experts_per_token: 0,
-                norm: Norm::LayerNorm,
-                qkv_bias: true,
-                linear_bias: true,
-                max_positions: 0,
-                type_vocab: 0,
-                parallel_block: true,
-                post_norms: false,
-                attention_softcap: false,
-                final_softcap: false,
-                shared_intermediate: 0,
-                dense_layers: 0,
-                dense_intermediate: 0,
-            }
-        }
-        "gpt2" => {
-            let hidden = r.dim(&["n_embd"], None);
-            Arch {
-                kind: Kind::Decoder,
-                layers: r.dim(&["n_layer"], None),
-                decoder_layers: 0,
-                hidden,
-                heads: r.dim(&["n_head"], None),
-                kv_heads: 0,
-                head_dim: 0,
-                intermediate: r.dim(&["n_inner"], Some(hidden * 4)),
-                vocab: r.dim(&["vocab_size"], None),
-                mlp: Mlp::Standard,
-                act: r.act("activation_function", "gelu_new"),
-                tied: r.flag("tie_word_embeddings", true),
-                experts: 0,
-                experts_per_token: 0,
-                norm: Norm::LayerNorm,
-                qkv_bias: true,
-                linear_bias: true,
-                max_positions: r.dim(&["n_positions"], Some(1024)),
-                type_vocab: 0,
-                parallel_block: false,
-                post_norms: false,
-                attention_softcap: false,
-                final_softcap: false,
-                shared_intermediate: 0,
-                dense_layers: 0,
-                dense_intermediate: 0,
-            }
-        }
-        "gpt_neox" => {
-            let hidden = r.dim(&["hidden_size"], None);
-            Arch {
-                kind: Kind::Decoder,
-                layers: r.dim(&["num_hidden_layers"], None),
-                decoder_layers: 0,
-                hidden,
-                heads: r.dim(&["num_attention_heads"], None),
-                kv_heads: 0,
-                head_dim: 0,
-                intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
-                vocab: r.dim(&["vocab_size"], None),
-                mlp: Mlp::Standard,
-                act: r.act("hidden_act", "gelu"),
-                tied: r.flag("tie_word_embeddings", false),
-                experts: 0,
-                experts_per_token: 0,
-                norm: Norm::LayerNorm,
-                qkv_bias: true,
-                linear_bias: true,
-                max_positions: 0,
-                type_vocab: 0,
-                parallel_block: r.flag("use_parallel_residual", true),
-                post_norms: false,
-                attention_softcap: false,
-                final_softcap: false,
-                shared_intermediate: 0,
-                dense_layers: 0,
-                dense_intermediate: 0,
-            }
-        }
-        "falcon" => {
-            let hidden = r.dim(&["hidden_size", "n_embed"], None);
-            let heads = r.dim(&["num_attention_heads", "n_head"], None);
-            let new_arch = r.flag("new_decoder_architecture", false);
-            let multi_query = r.flag("multi_query", true);
-            let kv_default = if new_arch {
-                heads
-            } else if multi_query {
-                1
-            } else {
-                heads
-            };
-            Arch {
-                kind: Kind::Decoder,
-                layers: r.dim(&["num_hidden_layers", "n_layer"], None),
-                decoder_layers: 0,
-                hidden,
-                heads,
-                kv_heads: r.dim(&["num_kv_heads", "n_head_kv"], Some(kv_default)),
-                head_dim: 0,
-                intermediate: r.dim(&["ffn_hidden_size"], Some(hidden * 4)),
-                vocab: r.dim(&["vocab_size"], None),
-                mlp: Mlp::Standard,
-                // FalconMLP runs nn.GELU(): one op.
-                act: Act::Fused,
-                tied: r.flag("tie_word_embeddings", true),
-                experts: 0,
-                experts_per_token: 0,
-                norm: Norm::LayerNorm,
-                qkv_bias: r.flag("bias", false),
-                linear_bias: r.flag("bias", false),
-                max_positions: 0,
-                type_vocab: 0,
-                parallel_block: r.flag("parallel_attn", true),
-                post_norms: false,
-                attention_softcap: false,
-                final_softcap: false,
-                shared_intermediate: 0,
-                dense_layers: 0,
-                dense_intermediate: 0,
-            }
-        }
-        "bert" | "roberta" => {
-            let hidden = r.dim(&["hidden_size"], None);
-            Arch {
-                kind: Kind::Encoder,
-                layers: r.dim(&["num_hidden_layers"], None),
-                decoder_layers: 0,
-                hidden,
-                heads: r.dim(&["num_attention_heads"], None),
-                kv_heads: 0,
-                head_dim: 0,
-                intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
-                vocab: r.dim(&["vocab_size"], None),
-                mlp: Mlp::Standard,
-                act: r.act("hidden_act", "gelu"),
-                tied: r.flag("tie_word_embeddings", true),
-                experts: 0,
-                experts_per_token: 0,
-                norm: Norm::LayerNorm,
-                qkv_bias: true,
-                linear_bias: true,
-                max_positions: r.dim(&["max_position_embeddings"], Some(512)),
-                type_vocab: r.dim(&["type_vocab_size"], Some(2)),
-                parallel_block: false,
-                post_norms: false,
-                attention_softcap: false,
-                final_softcap: false,
-                shared_intermediate: 0,
-                dense_layers: 0,
-                dense_intermediate: 0,
-            }
-        }
-        "t5" => {
-            let layers = r.dim(&["num_layers"], None);
-            let heads = r.dim(&["num_heads"], None);
-            let proj = r.text("feed_forward_proj").unwrap_or_else(|| "relu".into());
-            Arch {
-                kind: Kind::EncoderDecoder,
-                layers,
-                decoder_layers: r.dim(&["num_decoder_layers"], Some(layers)),
-                hidden: r.dim(&["d_model"], None),
-                heads,
-                kv_heads: heads,
-                head_dim: r.dim(&["d_kv"], None),
-                intermediate: r.dim(&["d_ff"], None),
-                vocab: r.dim(&["vocab_size"], None),
-                mlp: if proj.starts_with("gated") {
-                    Mlp::Gated
-                } else {
-                    Mlp::Standard
-                },
-                // T5Config maps `gated-gelu` to `dense_act_fn: gelu_new`
-                // (src/transformers/models/t5/configuration_t5.py).
-                act: r.act(
-                    "dense_act_fn",
-                    if proj == "gated-gelu" {
-                        "gelu_new"
-                    } else {
-                        proj.rsplit('-').next().unwrap_or("relu")
-                    },
-                ),
-                tied: r.flag("tie_word_embeddings", true),
-                experts: 0,
-                experts_per_token: 0,
-                norm: Norm::RmsNorm,
-                qkv_bias: false,
-                linear_bias: false,
-                max_positions: 0,
-                type_vocab: 0,
-                parallel_block: false,
-                post_norms: false,
-                attention_softcap: false,
-                final_softcap: false,
-                shared_intermediate: 0,
-                dense_layers: 0,
-                dense_intermediate: 0,
-            }
-        }
+        "phi" => phi_arch(&mut r),
+        "gpt2" => gpt2_arch(&mut r),
+        "gpt_neox" => gpt_neox_arch(&mut r),
+        "falcon" => falcon_arch(&mut r),
+        "bert" | "roberta" => bert_arch(&mut r),
+        "t5" => t5_arch(&mut r),
         other => {
             r.err(
                 "model_type",
@@ -441,6 +232,233 @@ pub fn arch_from_config(config: &Map<String, Value>) -> Result<Arch, Vec<KeyErro
         Ok(arch)
     } else {
         Err(r.errs)
+    }
+}
+
+/// The architecture of a `phi` config.
+fn phi_arch(r: &mut Reader<'_>) -> Arch {
+    let layers = r.dim(&["num_hidden_layers"], None);
+    let hidden = r.dim(&["hidden_size"], None);
+    let heads = r.dim(&["num_attention_heads"], None);
+    let kv_heads = r.dim(&["num_key_value_heads"], Some(heads));
+    Arch {
+        kind: Kind::Decoder,
+        layers,
+        decoder_layers: 0,
+        hidden,
+        heads,
+        kv_heads,
+        head_dim: hidden / heads.max(1),
+        intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: Mlp::Standard,
+        act: r.act("hidden_act", "gelu_new"),
+        tied: r.flag("tie_word_embeddings", false),
+        experts: 0,
+        experts_per_token: 0,
+        norm: Norm::LayerNorm,
+        qkv_bias: true,
+        linear_bias: true,
+        max_positions: 0,
+        type_vocab: 0,
+        parallel_block: true,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
+    }
+}
+
+/// The architecture of a `gpt2` config.
+fn gpt2_arch(r: &mut Reader<'_>) -> Arch {
+    let hidden = r.dim(&["n_embd"], None);
+    Arch {
+        kind: Kind::Decoder,
+        layers: r.dim(&["n_layer"], None),
+        decoder_layers: 0,
+        hidden,
+        heads: r.dim(&["n_head"], None),
+        kv_heads: 0,
+        head_dim: 0,
+        intermediate: r.dim(&["n_inner"], Some(hidden * 4)),
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: Mlp::Standard,
+        act: r.act("activation_function", "gelu_new"),
+        tied: r.flag("tie_word_embeddings", true),
+        experts: 0,
+        experts_per_token: 0,
+        norm: Norm::LayerNorm,
+        qkv_bias: true,
+        linear_bias: true,
+        max_positions: r.dim(&["n_positions"], Some(1024)),
+        type_vocab: 0,
+        parallel_block: false,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
+    }
+}
+
+/// The architecture of a `gpt_neox` config.
+fn gpt_neox_arch(r: &mut Reader<'_>) -> Arch {
+    let hidden = r.dim(&["hidden_size"], None);
+    Arch {
+        kind: Kind::Decoder,
+        layers: r.dim(&["num_hidden_layers"], None),
+        decoder_layers: 0,
+        hidden,
+        heads: r.dim(&["num_attention_heads"], None),
+        kv_heads: 0,
+        head_dim: 0,
+        intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: Mlp::Standard,
+        act: r.act("hidden_act", "gelu"),
+        tied: r.flag("tie_word_embeddings", false),
+        experts: 0,
+        experts_per_token: 0,
+        norm: Norm::LayerNorm,
+        qkv_bias: true,
+        linear_bias: true,
+        max_positions: 0,
+        type_vocab: 0,
+        parallel_block: r.flag("use_parallel_residual", true),
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
+    }
+}
+
+/// The architecture of a `falcon` config.
+fn falcon_arch(r: &mut Reader<'_>) -> Arch {
+    let hidden = r.dim(&["hidden_size", "n_embed"], None);
+    let heads = r.dim(&["num_attention_heads", "n_head"], None);
+    let new_arch = r.flag("new_decoder_architecture", false);
+    let multi_query = r.flag("multi_query", true);
+    let kv_default = if new_arch {
+        heads
+    } else if multi_query {
+        1
+    } else {
+        heads
+    };
+    Arch {
+        kind: Kind::Decoder,
+        layers: r.dim(&["num_hidden_layers", "n_layer"], None),
+        decoder_layers: 0,
+        hidden,
+        heads,
+        kv_heads: r.dim(&["num_kv_heads", "n_head_kv"], Some(kv_default)),
+        head_dim: 0,
+        intermediate: r.dim(&["ffn_hidden_size"], Some(hidden * 4)),
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: Mlp::Standard,
+        // FalconMLP runs nn.GELU(): one op.
+        act: Act::Fused,
+        tied: r.flag("tie_word_embeddings", true),
+        experts: 0,
+        experts_per_token: 0,
+        norm: Norm::LayerNorm,
+        qkv_bias: r.flag("bias", false),
+        linear_bias: r.flag("bias", false),
+        max_positions: 0,
+        type_vocab: 0,
+        parallel_block: r.flag("parallel_attn", true),
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
+    }
+}
+
+/// The architecture of a `bert` config.
+fn bert_arch(r: &mut Reader<'_>) -> Arch {
+    let hidden = r.dim(&["hidden_size"], None);
+    Arch {
+        kind: Kind::Encoder,
+        layers: r.dim(&["num_hidden_layers"], None),
+        decoder_layers: 0,
+        hidden,
+        heads: r.dim(&["num_attention_heads"], None),
+        kv_heads: 0,
+        head_dim: 0,
+        intermediate: r.dim(&["intermediate_size"], Some(hidden * 4)),
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: Mlp::Standard,
+        act: r.act("hidden_act", "gelu"),
+        tied: r.flag("tie_word_embeddings", true),
+        experts: 0,
+        experts_per_token: 0,
+        norm: Norm::LayerNorm,
+        qkv_bias: true,
+        linear_bias: true,
+        max_positions: r.dim(&["max_position_embeddings"], Some(512)),
+        type_vocab: r.dim(&["type_vocab_size"], Some(2)),
+        parallel_block: false,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
+    }
+}
+
+/// The architecture of a `t5` config.
+fn t5_arch(r: &mut Reader<'_>) -> Arch {
+    let layers = r.dim(&["num_layers"], None);
+    let heads = r.dim(&["num_heads"], None);
+    let proj = r.text("feed_forward_proj").unwrap_or_else(|| "relu".into());
+    Arch {
+        kind: Kind::EncoderDecoder,
+        layers,
+        decoder_layers: r.dim(&["num_decoder_layers"], Some(layers)),
+        hidden: r.dim(&["d_model"], None),
+        heads,
+        kv_heads: heads,
+        head_dim: r.dim(&["d_kv"], None),
+        intermediate: r.dim(&["d_ff"], None),
+        vocab: r.dim(&["vocab_size"], None),
+        mlp: if proj.starts_with("gated") {
+            Mlp::Gated
+        } else {
+            Mlp::Standard
+        },
+        // T5Config maps `gated-gelu` to `dense_act_fn: gelu_new`
+        // (src/transformers/models/t5/configuration_t5.py).
+        act: r.act(
+            "dense_act_fn",
+            if proj == "gated-gelu" {
+                "gelu_new"
+            } else {
+                proj.rsplit('-').next().unwrap_or("relu")
+            },
+        ),
+        tied: r.flag("tie_word_embeddings", true),
+        experts: 0,
+        experts_per_token: 0,
+        norm: Norm::RmsNorm,
+        qkv_bias: false,
+        linear_bias: false,
+        max_positions: 0,
+        type_vocab: 0,
+        parallel_block: false,
+        post_norms: false,
+        attention_softcap: false,
+        final_softcap: false,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        dense_intermediate: 0,
     }
 }
 
@@ -559,7 +577,7 @@ fn llama_like(r: &mut Reader, model_type: &str) -> Arch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::presets;
+    use crate::api::presets;
 
     fn config(v: serde_json::Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()

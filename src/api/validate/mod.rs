@@ -1,0 +1,771 @@
+//! Validation of a `TrainingJobSpec` into a [`ValidatedJob`], the only input
+//! the estimator and planner accept. Every problem is collected, each naming
+//! the field path, the value and the reason. Pure: no I/O.
+
+use std::fmt;
+
+use super::training_job::*;
+use model::resolve_model;
+use peft::validate_peft;
+pub use peft::{
+    LORA_TARGET_ALIASES, LORA_TARGETS, SAVED_MODULE_ALIASES, block_projections, lora_target_names,
+    saved_module_name,
+};
+pub use quantization::quantization_name;
+use quantization::{hf_quantization, quantization_format};
+
+mod model;
+mod peft;
+mod quantization;
+use crate::api::arch::{Act, Arch, Kind, Mlp, Norm};
+use crate::api::framework::{FrameworkAllocator, allocator_of};
+use crate::api::params;
+use crate::api::presets;
+
+/// Largest parameter count we accept (a quadrillion: 2 500 × Llama-3.1-405B).
+pub const MAX_PARAMETERS: f64 = 1e15;
+/// Largest byte count a user may give for per-sample activations or data.
+pub const MAX_BYTES: f64 = 1e18;
+/// Longest sequence we accept (tokens per sample).
+pub const MAX_SEQUENCE_LENGTH: u64 = 1 << 26;
+/// Largest micro-batch we accept.
+pub const MAX_MICRO_BATCH: u64 = 1 << 24;
+/// Largest LoRA alpha we accept: fp16's largest finite value.
+pub const MAX_LORA_ALPHA: f64 = 65_504.0;
+/// Largest GPU count we accept.
+pub const MAX_GPUS: u64 = 1 << 20;
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path, e.g. `spec.training.microBatchSize`.
+    pub path: String,
+    /// Why the value is wrong and, where possible, what would be valid.
+    pub reason: String,
+}
+
+/// Longest line one field error prints: a hostile document can put megabytes
+/// into a value the error would otherwise echo.
+pub const MAX_ERROR_LINE: usize = 512;
+/// Errors printed for one document; the rest are counted.
+pub const MAX_ERRORS_SHOWN: usize = 20;
+
+/// `line` cut to at most [`MAX_ERROR_LINE`] bytes, ending in `...` when cut.
+pub fn clip(mut line: String) -> String {
+    if line.len() > MAX_ERROR_LINE {
+        let mut end = MAX_ERROR_LINE - 3;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+        line.push_str("...");
+    }
+    line
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&clip(format!("{}: {}", self.path, self.reason)))
+    }
+}
+
+/// `errs` one per line, at most [`MAX_ERRORS_SHOWN`] of them.
+pub fn errors_to_string(errs: &[FieldError]) -> String {
+    let mut lines: Vec<String> = errs
+        .iter()
+        .take(MAX_ERRORS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if errs.len() > MAX_ERRORS_SHOWN {
+        lines.push(format!(
+            "... and {} more problems",
+            errs.len() - MAX_ERRORS_SHOWN
+        ));
+    }
+    lines.join("\n")
+}
+
+/// All problems found in one spec.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&errors_to_string(&self.0))
+    }
+}
+
+/// What the model is, once resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResolvedModel {
+    Transformer(Arch),
+    /// An MLP/CNN from `layers` or a vision preset, shapes propagated.
+    Layers(Box<crate::api::layers::LayerStack>),
+    /// Known by size only.
+    Custom {
+        parameters: u64,
+        activation_bytes_per_sample: u64,
+    },
+}
+
+/// A spec that passed validation, with every default resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidatedJob {
+    /// The spec as written, defaults filled in by serde.
+    pub spec: TrainingJobSpec,
+    pub model: ResolvedModel,
+    /// Short human name of the model (`llama-3.1-8b`, `transformer 32×4096`).
+    pub model_name: String,
+    pub head: Head,
+    pub num_labels: u64,
+    pub quantization: Quantization,
+    /// Bits per base weight of a gptq or awq checkpoint (4 otherwise).
+    pub quantization_bits: u8,
+    /// Input rows per scale of a gptq or awq checkpoint; `None`: the whole row.
+    pub quantization_group: Option<u64>,
+    pub lora: Option<LoraSpec>,
+    /// Total parameters of the model.
+    pub total_parameters: u64,
+    /// Data-parallel ranks: gpus / (tensor × pipeline × context parallel).
+    pub data_parallel: u64,
+    pub gpus_per_node: u64,
+    /// Gradient accumulation steps as written (1 without globalBatchSize).
+    pub gradient_accumulation_steps: u64,
+    /// The limit the framework's allocator puts on itself (from `framework`
+    /// and the trainer's environment).
+    pub allocator: FrameworkAllocator,
+    /// The releases the job runs with, as far as known (spec, then image tag).
+    pub runtime: crate::api::RuntimeFacts,
+    /// The caching allocator's settings from the trainer's environment.
+    pub allocator_conf: crate::api::AllocatorConf,
+}
+
+/// The most positions a generation may add or a KV cache may hold (16 Mi).
+pub const MAX_GENERATED_TOKENS: u64 = 1 << 24;
+
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, path: &str, reason: impl Into<String>) {
+        self.0.push(FieldError {
+            path: path.to_string(),
+            reason: reason.into(),
+        });
+    }
+
+    fn at_least(&mut self, path: &str, value: u64, min: u64) {
+        if value < min {
+            self.push(path, format!("{value} is not allowed; minimum is {min}"));
+        }
+    }
+
+    fn at_most(&mut self, path: &str, value: u64, max: u64) {
+        if value > max {
+            self.push(path, format!("{value} is too large; maximum is {max}"));
+        }
+    }
+}
+
+/// A float that must be a whole count in `0..=max`.
+fn count_from_f64(errs: &mut Errors, path: &str, v: f64, min: f64, max: f64) -> Option<u64> {
+    if !v.is_finite() {
+        errs.push(path, format!("{v} is not a finite number"));
+        return None;
+    }
+    if v < min {
+        errs.push(path, format!("{v} is not allowed; minimum is {min}"));
+        return None;
+    }
+    if v > max {
+        errs.push(path, format!("{v:e} is too large; maximum is {max:e}"));
+        return None;
+    }
+    // In range and finite: the conversion is exact up to 2^53 and saturating above.
+    Some(v.round() as u64)
+}
+
+/// Annotation naming the catalog model a spelled-out `transformer` is: the
+/// facts its dims cannot say (block layout, norms, soft-capping) come from
+/// that preset unless the spec sets them.
+pub const PRESET_HINT_ANNOTATION: &str = "vramguard.io/preset-hint";
+
+/// Validate a spec; all problems at once.
+pub fn validate(spec: &TrainingJobSpec) -> Result<ValidatedJob, ValidationErrors> {
+    validate_hinted(spec, None)
+}
+
+/// Validate a TrainingJob: its spec, read with the `vramguard.io/preset-hint`
+/// annotation when there is one.
+pub fn validate_job(tj: &TrainingJob) -> Result<ValidatedJob, ValidationErrors> {
+    let hint = tj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PRESET_HINT_ANNOTATION))
+        .map(String::as_str);
+    validate_hinted(&tj.spec, hint)
+}
+
+fn validate_hinted(
+    spec: &TrainingJobSpec,
+    hint: Option<&str>,
+) -> Result<ValidatedJob, ValidationErrors> {
+    let mut errs = Errors(Vec::new());
+    let t = &spec.training;
+    let p = &spec.parallelism;
+
+    let (model, model_name) = resolve_model(&mut errs, &spec.model, hint);
+
+    // Head.
+    // Layer lists and vision presets carry their own classifier.
+    let is_layers = matches!(model, Some(ResolvedModel::Layers(_)));
+    let head = spec.model.head.unwrap_or(if is_layers {
+        Head::Classification
+    } else {
+        Head::Lm
+    });
+    if is_layers
+        && matches!(
+            t.mode,
+            TrainingMode::Lora | TrainingMode::Qlora | TrainingMode::Adapter
+        )
+        && t.trainable_parameters.is_none()
+    {
+        errs.push(
+            "spec.training.trainableParameters",
+            "required with an adapter mode on a layers model (which layers get adapters is not known)",
+        );
+    }
+    let num_labels = spec.model.num_labels.unwrap_or(2);
+    if spec.model.num_labels.is_some() && head != Head::Classification {
+        errs.push(
+            "spec.model.numLabels",
+            "only used with head: classification",
+        );
+    }
+    errs.at_least("spec.model.numLabels", num_labels, 1);
+    errs.at_most("spec.model.numLabels", num_labels, 1 << 24);
+    let analysed_shape =
+        matches!(model, Some(ResolvedModel::Layers(_))) || spec.model.layers.is_some();
+    if let Some(shape) = spec.model.input_shape.as_ref().filter(|_| !analysed_shape) {
+        if shape.is_empty() {
+            errs.push("spec.model.inputShape", "must not be empty");
+        }
+        for (i, d) in shape.iter().enumerate() {
+            errs.at_least(&format!("spec.model.inputShape[{i}]"), *d, 1);
+        }
+    }
+
+    // Training.
+    errs.at_least("spec.training.microBatchSize", t.micro_batch_size, 1);
+    errs.at_most(
+        "spec.training.microBatchSize",
+        t.micro_batch_size,
+        MAX_MICRO_BATCH,
+    );
+    errs.at_least("spec.training.sequenceLength", t.sequence_length, 1);
+    errs.at_most(
+        "spec.training.sequenceLength",
+        t.sequence_length,
+        MAX_SEQUENCE_LENGTH,
+    );
+    if t.data_on_gpu_bytes as f64 > MAX_BYTES {
+        errs.push(
+            "spec.training.dataOnGpuBytes",
+            format!(
+                "{} is too large; maximum is {MAX_BYTES:e}",
+                t.data_on_gpu_bytes
+            ),
+        );
+    }
+
+    // A pre-quantized checkpoint says so in its config.
+    let from_config = spec
+        .model
+        .hf_config
+        .as_ref()
+        .and_then(|c| hf_quantization(c, &mut errs));
+    if let (TrainingMode::Full, None, Some((q, _, _))) = (t.mode, t.quantization, from_config) {
+        errs.push(
+            "spec.training.mode",
+            format!(
+                "full fine-tuning cannot train the {} checkpoint model.hfConfig describes (its quantization_config); use mode: lora, qlora or adapter, or the config of the unquantized model",
+                quantization_name(q)
+            ),
+        );
+    }
+    // (Reported above for full fine-tuning; not again at `quantization`.)
+    let written = t.quantization.or(from_config
+        .map(|(q, _, _)| q)
+        .filter(|_| t.mode != TrainingMode::Full));
+    let quantization = match (t.mode, written) {
+        (TrainingMode::Qlora, None) => Quantization::Nf4,
+        (TrainingMode::Qlora, Some(Quantization::None)) => {
+            errs.push(
+                "spec.training.quantization",
+                "none contradicts mode: qlora (quantized base weights); use nf4, nf4-double, gptq or awq, or mode: lora",
+            );
+            Quantization::None
+        }
+        (TrainingMode::Full, Some(q)) if q != Quantization::None => {
+            errs.push(
+                "spec.training.quantization",
+                format!(
+                    "{} base weights cannot be trained in mode: full; use mode: lora, qlora or adapter",
+                    quantization_name(q)
+                ),
+            );
+            q
+        }
+        (_, q) => q.unwrap_or(Quantization::None),
+    };
+    let (quantization_bits, quantization_group) =
+        quantization_format(t, quantization, from_config, &mut errs);
+
+    let lora = match t.mode {
+        TrainingMode::Lora | TrainingMode::Qlora => {
+            let l = t.lora.clone().unwrap_or_default();
+            errs.at_least("spec.training.lora.rank", l.rank, 1);
+            errs.at_most("spec.training.lora.rank", l.rank, 1 << 16);
+            if !l.alpha.is_finite() || l.alpha <= 0.0 {
+                errs.push(
+                    "spec.training.lora.alpha",
+                    format!("{} is not allowed; must be a positive number", l.alpha),
+                );
+            } else if l.alpha > MAX_LORA_ALPHA {
+                errs.push(
+                    "spec.training.lora.alpha",
+                    format!(
+                        "{} is too large; maximum is {MAX_LORA_ALPHA} (fp16's largest value: the adapter's output scaled by alpha/rank past it is infinite); usual values are 8 to 512, often twice the rank",
+                        l.alpha
+                    ),
+                );
+            }
+            if !l.dropout.is_finite() || !(0.0..1.0).contains(&l.dropout) {
+                errs.push(
+                    "spec.training.lora.dropout",
+                    format!("{} is not allowed; use a probability in [0, 1)", l.dropout),
+                );
+            }
+            if l.target_modules.is_empty() {
+                errs.push(
+                    "spec.training.lora.targetModules",
+                    format!("must name at least one of {}", LORA_TARGETS.join(", ")),
+                );
+            }
+            let arch = match &model {
+                Some(ResolvedModel::Transformer(a)) => Some(a),
+                _ => None,
+            };
+            let mut canonical: Vec<String> = Vec::new();
+            let mut unknown = 0usize;
+            for (i, m) in l.target_modules.iter().enumerate() {
+                match lora_target_names(m, arch) {
+                    Some(names) => {
+                        for n in names {
+                            if !canonical.iter().any(|c| c == n) {
+                                canonical.push((*n).to_string());
+                            }
+                        }
+                    }
+                    // The first few unknown names, each with the known ones; a
+                    // list of thousands gets one line for the rest.
+                    None if unknown < 8 => {
+                        unknown += 1;
+                        errs.push(
+                            &format!("spec.training.lora.targetModules[{i}]"),
+                            format!(
+                                "unknown module {m:?}; known: {}, or a model's own name for them (c_attn, query_key_value, W_pack, c_proj, fc1, fc2, dense, ...: the field's description lists them)",
+                                LORA_TARGETS.join(", "),
+                            ),
+                        )
+                    }
+                    None => unknown += 1,
+                }
+            }
+            if unknown > 8 {
+                errs.push(
+                    "spec.training.lora.targetModules",
+                    format!("{} more unknown modules", unknown - 8),
+                );
+            }
+            let mut saved: Vec<String> = Vec::new();
+            for (i, m) in l.modules_to_save.iter().enumerate() {
+                match saved_module_name(m) {
+                    Some(n) => {
+                        if !saved.iter().any(|c| c == n) {
+                            saved.push(n.to_string());
+                        }
+                    }
+                    None => errs.push(
+                        &format!("spec.training.lora.modulesToSave[{i}]"),
+                        format!(
+                            "unknown module {m:?}; known: embed_tokens, lm_head, or a model's own name for them ({})",
+                            SAVED_MODULE_ALIASES
+                                .iter()
+                                .map(|(a, _)| *a)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                }
+            }
+            Some(LoraSpec {
+                target_modules: canonical,
+                modules_to_save: saved,
+                ..l
+            })
+        }
+        _ => {
+            if t.lora.is_some() {
+                errs.push("spec.training.lora", "only used with mode: lora or qlora");
+            }
+            None
+        }
+    };
+
+    validate_peft(
+        &mut errs,
+        t,
+        matches!(model, Some(ResolvedModel::Transformer(_))),
+    );
+
+    let total_parameters = match &model {
+        Some(ResolvedModel::Transformer(arch)) => {
+            match params::count(arch, head, num_labels).map(|c| c.total) {
+                Some(n) if (n as f64) <= MAX_PARAMETERS => n,
+                Some(n) => {
+                    errs.push(
+                        "spec.model",
+                        format!("the model has {n} parameters; maximum is {MAX_PARAMETERS:e}"),
+                    );
+                    0
+                }
+                None => {
+                    errs.push(
+                        "spec.model",
+                        "the parameter count overflows 64 bits; check the dimensions",
+                    );
+                    0
+                }
+            }
+        }
+        Some(ResolvedModel::Custom { parameters, .. }) => *parameters,
+        Some(ResolvedModel::Layers(stack)) => stack.parameters,
+        None => 0,
+    };
+
+    if let Some(tp) = t.trainable_parameters
+        && let Some(n) = count_from_f64(
+            &mut errs,
+            "spec.training.trainableParameters",
+            tp,
+            0.0,
+            MAX_PARAMETERS,
+        )
+        && total_parameters > 0
+        && n > total_parameters
+    {
+        errs.push(
+            "spec.training.trainableParameters",
+            format!("{n} exceeds the model's {total_parameters} parameters"),
+        );
+    }
+    if let Some(g) = &t.generation {
+        if t.mode != TrainingMode::Inference {
+            errs.push(
+                "spec.training.generation",
+                "only used with mode: inference (training steps generate nothing)",
+            );
+        }
+        errs.at_most(
+            "spec.training.generation.newTokens",
+            g.new_tokens,
+            MAX_GENERATED_TOKENS,
+        );
+        if let Some(len) = g.cache_length {
+            let needed = t.sequence_length.saturating_add(g.new_tokens);
+            if len < needed {
+                errs.push(
+                    "spec.training.generation.cacheLength",
+                    format!(
+                        "{len} cannot hold the prompt and the generated tokens; use at least sequenceLength + newTokens = {needed}, or leave it out for a cache that grows"
+                    ),
+                );
+            }
+            errs.at_most(
+                "spec.training.generation.cacheLength",
+                len,
+                MAX_GENERATED_TOKENS,
+            );
+        }
+    }
+    if t.mode == TrainingMode::Inference && t.trainable_parameters.is_some_and(|v| v > 0.0) {
+        errs.push(
+            "spec.training.trainableParameters",
+            "must be 0 or absent in mode: inference",
+        );
+    }
+
+    // Parallelism.
+    errs.at_least("spec.parallelism.gpus", p.gpus, 1);
+    errs.at_most("spec.parallelism.gpus", p.gpus, MAX_GPUS);
+    errs.at_least("spec.parallelism.tensorParallel", p.tensor_parallel, 1);
+    errs.at_least("spec.parallelism.pipelineParallel", p.pipeline_parallel, 1);
+    errs.at_least("spec.parallelism.contextParallel", p.context_parallel, 1);
+    errs.at_least("spec.parallelism.virtualStages", p.virtual_stages, 1);
+    if let Some(z) = p.zero_stage
+        && z > 3
+    {
+        errs.push(
+            "spec.parallelism.zeroStage",
+            format!("{z} is not a ZeRO stage; allowed: 0, 1, 2, 3"),
+        );
+    }
+    if let Some(sharding) = p.sharding {
+        if p.strategy != Strategy::Fsdp {
+            errs.push(
+                "spec.parallelism.sharding",
+                "is FSDP's sharding strategy and strategy is not fsdp; set strategy: fsdp, or say the ZeRO stage with zeroStage",
+            );
+        }
+        if let Some(z) = p.zero_stage
+            && z != sharding.zero_stage()
+        {
+            errs.push(
+                "spec.parallelism.zeroStage",
+                format!(
+                    "{z} contradicts sharding, which means ZeRO {}; write one of the two, or make them agree (full-shard is 3, shard-grad-op 2, no-shard 0)",
+                    sharding.zero_stage()
+                ),
+            );
+        }
+    }
+    let model_parallel = p
+        .tensor_parallel
+        .checked_mul(p.pipeline_parallel)
+        .and_then(|x| x.checked_mul(p.context_parallel));
+    let data_parallel = match model_parallel {
+        None => {
+            errs.push(
+                "spec.parallelism",
+                "tensorParallel × pipelineParallel × contextParallel overflows",
+            );
+            1
+        }
+        Some(0) => 1,
+        Some(mp) if !p.gpus.is_multiple_of(mp) => {
+            errs.push(
+                "spec.parallelism.gpus",
+                format!(
+                    "{} is not a multiple of tensorParallel × pipelineParallel × contextParallel = {mp}",
+                    p.gpus
+                ),
+            );
+            1
+        }
+        Some(mp) => (p.gpus / mp).max(1),
+    };
+    let gpus_per_node = p.gpus_per_node.unwrap_or(p.gpus.min(8));
+    if let Some(g) = p.gpus_per_node {
+        errs.at_least("spec.parallelism.gpusPerNode", g, 1);
+        errs.at_most("spec.parallelism.gpusPerNode", g, 64);
+        if g > 0 && p.gpus > g && !p.gpus.is_multiple_of(g) {
+            errs.push(
+                "spec.parallelism.gpusPerNode",
+                format!(
+                    "{} GPUs do not split into whole nodes of {g}; use a multiple of {g}",
+                    p.gpus
+                ),
+            );
+        }
+    }
+    if p.sequence_parallel && p.tensor_parallel < 2 {
+        errs.push(
+            "spec.parallelism.sequenceParallel",
+            "needs tensorParallel ≥ 2 (it splits the tensor-parallel group's activations)",
+        );
+    }
+    if p.virtual_stages > 1 && p.pipeline_schedule != PipelineSchedule::Interleaved1f1b {
+        errs.push(
+            "spec.parallelism.virtualStages",
+            "more than 1 needs pipelineSchedule: interleaved-1f1b",
+        );
+    }
+    match p.offload {
+        Offload::Optimizer if p.zero() == 0 && p.strategy != Strategy::Ddp => errs.push(
+            "spec.parallelism.offload",
+            "optimizer offload needs zeroStage ≥ 1, or strategy: ddp (torchao's CPUOffloadOptimizer)",
+        ),
+        Offload::OptimizerAndParameters if p.zero() != 3 => errs.push(
+            "spec.parallelism.offload",
+            "parameter offload needs zeroStage: 3",
+        ),
+        _ => {}
+    }
+    if let Some(target) = t.target_length {
+        let encoder_decoder = matches!(
+            &model,
+            Some(ResolvedModel::Transformer(arch))
+                if arch.kind == Kind::EncoderDecoder
+        );
+        if model.is_some() && !encoder_decoder {
+            errs.push(
+                "spec.training.targetLength",
+                "is the decoder's length of an encoder-decoder model (T5, BART); this model has one stack, so sequenceLength says it all",
+            );
+        }
+        errs.at_least("spec.training.targetLength", target, 1);
+        errs.at_most("spec.training.targetLength", target, MAX_SEQUENCE_LENGTH);
+    }
+    if let Some(ResolvedModel::Transformer(arch)) = &model {
+        if arch.heads % p.tensor_parallel.max(1) != 0 {
+            errs.push(
+                "spec.parallelism.tensorParallel",
+                format!(
+                    "{} does not divide the model's {} attention heads",
+                    p.tensor_parallel, arch.heads
+                ),
+            );
+        }
+        let stages = p.pipeline_parallel.saturating_mul(p.virtual_stages);
+        let blocks = arch.layers.saturating_add(arch.decoder_layers);
+        if stages > blocks {
+            errs.push(
+                "spec.parallelism.pipelineParallel",
+                format!(
+                    "{} stages × {} virtual stages exceed the model's {blocks} layers",
+                    p.pipeline_parallel, p.virtual_stages
+                ),
+            );
+        }
+        if p.context_parallel > 1 && !t.sequence_length.is_multiple_of(p.context_parallel) {
+            errs.push(
+                "spec.parallelism.contextParallel",
+                format!(
+                    "{} does not divide sequenceLength {}",
+                    p.context_parallel, t.sequence_length
+                ),
+            );
+        }
+    } else if model.is_some() && model_parallel.is_some_and(|m| m > 1) {
+        errs.push(
+            "spec.parallelism",
+            "tensor, pipeline and context parallelism need a transformer model",
+        );
+    }
+
+    // Batch.
+    let mut gradient_accumulation_steps = 1;
+    if let Some(g) = t.global_batch_size {
+        match t.micro_batch_size.checked_mul(data_parallel) {
+            None => errs.push(
+                "spec.training.globalBatchSize",
+                "microBatchSize × data-parallel ranks overflows",
+            ),
+            Some(0) => {}
+            Some(per_step) if g < per_step || g % per_step != 0 => errs.push(
+                "spec.training.globalBatchSize",
+                format!(
+                    "{g} is not divisible by microBatchSize × data-parallel ranks = {} × {data_parallel} = {per_step}",
+                    t.micro_batch_size
+                ),
+            ),
+            Some(per_step) => gradient_accumulation_steps = g / per_step,
+        }
+    }
+    let p = &spec.parallelism;
+    if p.offload_gradients {
+        if p.offload != Offload::Optimizer || p.strategy != Strategy::Ddp {
+            errs.push(
+                "spec.parallelism.offloadGradients",
+                "is torchao's CPUOffloadOptimizer option; it needs offload: optimizer and strategy: ddp",
+            );
+        } else if gradient_accumulation_steps > 1 {
+            errs.push(
+                "spec.parallelism.offloadGradients",
+                format!(
+                    "frees each gradient once it is on the host, which gradient accumulation ({gradient_accumulation_steps} steps) cannot do; set it false or globalBatchSize to microBatchSize × data-parallel ranks"
+                ),
+            );
+        }
+    }
+
+    // Fit policy.
+    let fp = &spec.fit_policy;
+    if !fp.safety_margin.is_finite() || !(0.0..1.0).contains(&fp.safety_margin) {
+        errs.push(
+            "spec.fitPolicy.safetyMargin",
+            format!(
+                "{} is not allowed; use a fraction in [0, 1), e.g. 0.05",
+                fp.safety_margin
+            ),
+        );
+    }
+    errs.at_least(
+        "spec.fitPolicy.minMicroBatchSize",
+        fp.min_micro_batch_size,
+        1,
+    );
+    // A microBatchSize of 0 is already reported; comparing against it would blame this field too.
+    if t.micro_batch_size >= 1 && fp.min_micro_batch_size > t.micro_batch_size {
+        errs.push(
+            "spec.fitPolicy.minMicroBatchSize",
+            format!(
+                "{} is above spec.training.microBatchSize {}",
+                fp.min_micro_batch_size, t.micro_batch_size
+            ),
+        );
+    }
+    errs.at_most(
+        "spec.fitPolicy.maxOomRetries",
+        u64::from(fp.max_oom_retries),
+        100,
+    );
+
+    let allocator = match allocator_of(spec) {
+        Ok(a) => a,
+        Err(found) => {
+            for (path, reason) in found {
+                errs.push(&path, reason);
+            }
+            FrameworkAllocator::Unbounded
+        }
+    };
+
+    let (runtime, allocator_conf) = match crate::api::runtime::runtime_of(spec) {
+        Ok(found) => found,
+        Err(found) => {
+            for (path, reason) in found {
+                errs.push(&path, reason);
+            }
+            Default::default()
+        }
+    };
+
+    if !errs.0.is_empty() {
+        return Err(ValidationErrors(errs.0));
+    }
+    let model = model.expect("a model error would have returned above");
+    // The stage the job runs at, written down: FSDP without zeroStage shards fully.
+    let mut spec = spec.clone();
+    spec.parallelism.zero_stage = Some(spec.parallelism.zero());
+    Ok(ValidatedJob {
+        spec,
+        model,
+        model_name,
+        head,
+        num_labels,
+        quantization,
+        quantization_bits,
+        quantization_group,
+        lora,
+        total_parameters,
+        data_parallel,
+        gpus_per_node,
+        gradient_accumulation_steps,
+        allocator,
+        runtime,
+        allocator_conf,
+    })
+}
