@@ -449,8 +449,9 @@ pub const MAX_JOBS: u64 = 50_000;
 /// Memory a simulated job takes over a whole run (its objects in the API
 /// server, the operator's and the reflectors' copies, its records, and the
 /// baseline run's share), with room above what was measured: the generated
-/// day of `cargo bench --bench simulate` peaks at 1.24 GiB for 10 000 jobs
-/// (130 KiB a job), the `burst` scenario with 20 000 waiting jobs at 440 MiB.
+/// day of `cargo bench --bench simulate` peaks at 1.37 GiB for 10 000 jobs
+/// (144 KiB a job, measured with `/usr/bin/time -v`), the `burst` scenario
+/// with 20 000 waiting jobs at 440 MiB.
 pub const MEMORY_PER_JOB: u64 = 160 * 1024;
 
 /// Read and check a scenario.
