@@ -288,3 +288,52 @@ fn a_bad_residual_table_names_its_field() {
         assert!(err.contains(path), "{truth}: {err}");
     }
 }
+
+/// Learning reaches jobs admitted before the lesson: pods start three
+/// minutes after their Job is created (image pull). Sixteen jobs of an
+/// underestimated shape arrive 40 s apart; on an A100 40GB the shape's true
+/// need does not fit, so the first job placed on one dies at its peak, and
+/// by then the jobs admitted after it onto other A100s with the old
+/// estimate have not started their pods. They are judged
+/// again before they start (their Job deleted, placed again with the learnt
+/// scale): a first attempt that starts after the lesson never dies of OOM
+/// (the invariant `oomRetriesBoundedAndLearnt` counts those; without the
+/// re-judging it breaks here), and no job dies twice.
+const ADMITTED_BEFORE_THE_LESSON: &str = "
+name: admitted-before-the-lesson
+seed: 11
+duration: 24h
+truth: {spread: [0.9, 1.0], oomAfter: 2m, startAfter: 3m}
+nodes:
+  - {name: h100, product: h100-80gb, gpus: 2}
+  - {name: a100, product: a100-40gb, gpus: 8}
+jobs:
+  - name: under
+    at: 10m
+    count: 16
+    every: 40s
+    duration: 40m
+    factor: 1.6
+    spec:
+      model: {custom: {parameters: 1.3e9, activationBytesPerSample: 6.0e9}}
+      training: {mode: full, microBatchSize: 8}
+      parallelism: {gpus: 1}
+      fitPolicy: {mode: Adjust, allow: [microBatchSize], maxOomRetries: 3}
+";
+
+#[test]
+fn jobs_admitted_before_a_lesson_are_judged_again_before_they_start() {
+    let s = scenario::parse(ADMITTED_BEFORE_THE_LESSON).expect("scenario");
+    assert_eq!(s.start_after, 180.0);
+    let report = simulate::run(&s).expect("simulation");
+    let text = report.text(400);
+    for name in invariants::ALL {
+        let v = &report.invariants[name];
+        assert!(v.holds, "{name}: {}\n{text}", v.detail);
+    }
+    let sum = &report.summary;
+    assert_eq!(sum.submitted, 16);
+    assert!(sum.oomed >= 1, "the shape is underestimated: {text}");
+    assert_eq!(sum.oom_attempts, sum.oomed, "a job OOMed twice: {text}");
+    assert_eq!(sum.succeeded, 16, "{text}");
+}

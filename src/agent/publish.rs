@@ -2,7 +2,8 @@
 //! (cluster-scoped, named after the node) with server-side apply under one
 //! field manager, `vramguard-agent`, forced — so the agent owns exactly the
 //! fields it writes and never clobbers another writer's. The spec (node name,
-//! TTL, the node's taints) and the status subresource are applied separately.
+//! TTL, the node's taints) and the status subresource are applied separately:
+//! the spec when it changed (or the object is gone), the status every round.
 //!
 //! A probe or write that fails is logged and retried at the next tick; nothing
 //! is published meanwhile, so consumers see the object go stale after its TTL
@@ -76,52 +77,106 @@ async fn node_taints(client: &Client, node: &str) -> Vec<NodeTaint> {
     }
 }
 
-/// Write `status` to the node's GpuNode (creating it if needed).
+/// Write `status` to the node's GpuNode (creating it if needed), applying
+/// the spec too: a one-off publish. The loop keeps a [`Publisher`] instead.
 pub async fn publish(
     client: &Client,
     config: &PublishConfig,
     status: &GpuNodeStatus,
 ) -> Result<GpuNode, PublishError> {
-    let name = config.node_name.as_str();
-    let api: Api<GpuNode> = Api::all(client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let taints = if config.copy_taints {
-        node_taints(client, name).await
-    } else {
-        Vec::new()
-    };
-    let object = GpuNode::new(
-        name,
-        GpuNodeSpec {
+    Publisher::default().publish(client, config, status).await
+}
+
+/// Publishes one node's GpuNode round after round, remembering the spec it
+/// last applied: the spec (node name, TTL, taints) changes rarely, so it is
+/// applied only when it differs from the last one applied or the object is
+/// gone (the status write then answers 404), not every round. Each round is
+/// one write, not two, which halves what every agent costs the API server.
+#[derive(Debug, Default)]
+pub struct Publisher {
+    applied: Option<GpuNodeSpec>,
+}
+
+impl Publisher {
+    /// Write `status` (and the spec when it changed) to the node's GpuNode.
+    pub async fn publish(
+        &mut self,
+        client: &Client,
+        config: &PublishConfig,
+        status: &GpuNodeStatus,
+    ) -> Result<GpuNode, PublishError> {
+        let name = config.node_name.as_str();
+        let api: Api<GpuNode> = Api::all(client.clone());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let taints = if config.copy_taints {
+            node_taints(client, name).await
+        } else {
+            Vec::new()
+        };
+        let spec = GpuNodeSpec {
             node_name: name.to_string(),
             ttl_seconds: config.ttl_seconds,
             taints,
-        },
-    );
-    api.patch(name, &params, &Patch::Apply(&object))
-        .await
-        .map_err(|source| PublishError::Apply {
-            name: name.to_string(),
-            source,
-        })?;
-    let status_patch = json!({
-        "apiVersion": GpuNode::api_version(&()),
-        "kind": GpuNode::kind(&()),
-        "metadata": { "name": name },
-        "status": status,
-    });
-    api.patch_status(name, &params, &Patch::Apply(&status_patch))
-        .await
-        .map_err(|source| PublishError::Status {
-            name: name.to_string(),
-            source,
-        })
+        };
+        let status_patch = json!({
+            "apiVersion": GpuNode::api_version(&()),
+            "kind": GpuNode::kind(&()),
+            "metadata": { "name": name },
+            "status": status,
+        });
+        let mut spec_fresh = false;
+        if self.applied.as_ref() != Some(&spec) {
+            self.apply_spec(&api, &params, &spec).await?;
+            spec_fresh = true;
+        }
+        match api
+            .patch_status(name, &params, &Patch::Apply(&status_patch))
+            .await
+        {
+            Ok(g) => Ok(g),
+            // Deleted since the spec was applied: create it again.
+            Err(kube::Error::Api(e)) if e.code == 404 && !spec_fresh => {
+                self.applied = None;
+                self.apply_spec(&api, &params, &spec).await?;
+                api.patch_status(name, &params, &Patch::Apply(&status_patch))
+                    .await
+                    .map_err(|source| PublishError::Status {
+                        name: name.to_string(),
+                        source,
+                    })
+            }
+            Err(source) => Err(PublishError::Status {
+                name: name.to_string(),
+                source,
+            }),
+        }
+    }
+
+    async fn apply_spec(
+        &mut self,
+        api: &Api<GpuNode>,
+        params: &PatchParams,
+        spec: &GpuNodeSpec,
+    ) -> Result<(), PublishError> {
+        let name = spec.node_name.as_str();
+        let object = GpuNode::new(name, spec.clone());
+        self.applied = None;
+        api.patch(name, params, &Patch::Apply(&object))
+            .await
+            .map_err(|source| PublishError::Apply {
+                name: name.to_string(),
+                source,
+            })?;
+        self.applied = Some(spec.clone());
+        Ok(())
+    }
 }
 
 /// Probe and publish every `config.interval`, forever; failures are logged
 /// and retried at the next tick.
 pub async fn run(agent: &Agent, client: Client, config: PublishConfig) {
     let mut tick = tokio::time::interval(config.interval.max(Duration::from_millis(10)));
+    let mut publisher = Publisher::default();
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -132,7 +187,7 @@ pub async fn run(agent: &Agent, client: Client, config: PublishConfig) {
                 continue;
             }
         };
-        match publish(&client, &config, &status).await {
+        match publisher.publish(&client, &config, &status).await {
             Ok(_) => tracing::debug!(
                 node = %config.node_name,
                 gpus = status.gpu_count,

@@ -53,7 +53,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -132,7 +132,40 @@ struct Event {
     ns: String,
     ty: EventType,
     old: Option<Value>,
-    new: Value,
+    /// The object as stored by this event (shared with the store: no copy).
+    new: Arc<Stored>,
+}
+
+/// One version of an object as stored, and its JSON, written once when first
+/// asked for: every GET, write answer and watch event of this version sends
+/// the same bytes, so a GpuNode published and watched by several clients is
+/// serialized once, not once per reader, and no reader copies the object.
+#[derive(Debug)]
+struct Stored {
+    value: Value,
+    json: OnceLock<Bytes>,
+}
+
+impl Stored {
+    fn new(value: Value) -> Arc<Stored> {
+        Arc::new(Stored {
+            value,
+            json: OnceLock::new(),
+        })
+    }
+
+    fn json(&self) -> Bytes {
+        self.json
+            .get_or_init(|| Bytes::from(self.value.to_string()))
+            .clone()
+    }
+}
+
+impl std::ops::Deref for Stored {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        &self.value
+    }
 }
 
 #[derive(Default)]
@@ -141,7 +174,7 @@ struct Inner {
     /// Events at or below this resourceVersion are gone (410 for watches from there).
     compacted: u64,
     next_uid: u64,
-    objects: BTreeMap<Key, Value>,
+    objects: BTreeMap<Key, Arc<Stored>>,
     events: Vec<Event>,
     kinds: HashMap<Res, String>,
     no_status_subresource: HashSet<Res>,
@@ -360,7 +393,7 @@ impl ApiServer {
                 inner.commit(&self.shared, &key, Some(value), false)
             }
         };
-        stored.expect("stored")
+        stored.expect("stored").value.clone()
     }
 
     /// [`ApiServer::get`] for a resource no Rust type names.
@@ -370,7 +403,11 @@ impl ApiServer {
             namespace.unwrap_or("").to_string(),
             name.to_string(),
         );
-        self.shared.lock().objects.get(&key).cloned()
+        self.shared
+            .lock()
+            .objects
+            .get(&key)
+            .map(|s| s.value.clone())
     }
 
     /// The stored object, if any.
@@ -384,7 +421,7 @@ impl ApiServer {
             name.to_string(),
         );
         let v = self.shared.lock().objects.get(&key).cloned()?;
-        Some(serde_json::from_value(v).expect("deserialize"))
+        Some(serde_json::from_value(v.value.clone()).expect("deserialize"))
     }
 
     /// Delete an object as `DELETE` would (finalizers and owner references
@@ -417,7 +454,7 @@ impl ApiServer {
             .objects
             .iter()
             .filter(|((r, _, _), _)| *r == res)
-            .map(|(_, v)| serde_json::from_value(v.clone()).expect("deserialize"))
+            .map(|(_, v)| serde_json::from_value(v.value.clone()).expect("deserialize"))
             .collect()
     }
 
@@ -548,14 +585,14 @@ impl Inner {
         key: &Key,
         new: Option<Value>,
         bump_generation: bool,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Stored>> {
         let old = self.objects.get(key).cloned();
         self.rv += 1;
         let rv = self.rv;
         let (ty, mut obj) = match (new, &old) {
             (Some(v), None) => (EventType::Added, v),
             (Some(v), Some(_)) => (EventType::Modified, v),
-            (None, Some(o)) => (EventType::Deleted, o.clone()),
+            (None, Some(o)) => (EventType::Deleted, o.value.clone()),
             (None, None) => {
                 self.rv -= 1;
                 return None;
@@ -569,6 +606,7 @@ impl Inner {
             obj["metadata"]["generation"] = json!(g + 1);
         }
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let obj = Stored::new(obj);
         if ty == EventType::Deleted {
             self.objects.remove(key);
         } else {
@@ -579,7 +617,7 @@ impl Inner {
             res: key.0.clone(),
             ns: key.1.clone(),
             ty,
-            old: old.as_ref().map(selector_view),
+            old: old.as_deref().map(|o| selector_view(o)),
             new: obj.clone(),
         });
         if let Some(limit) = self.history_limit
@@ -594,7 +632,7 @@ impl Inner {
     }
 
     /// DELETE: mark when finalizers remain, else remove and collect dependents.
-    fn delete(&mut self, shared: &Shared, key: &Key, cascade: bool) -> Option<Value> {
+    fn delete(&mut self, shared: &Shared, key: &Key, cascade: bool) -> Option<Arc<Stored>> {
         let obj = self.objects.get(key)?.clone();
         let has_finalizers = obj["metadata"]["finalizers"]
             .as_array()
@@ -603,7 +641,7 @@ impl Inner {
             if obj["metadata"]["deletionTimestamp"].is_string() {
                 return Some(obj);
             }
-            let mut o = obj;
+            let mut o = obj.value.clone();
             o["metadata"]["deletionTimestamp"] = json!(now_time());
             o["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             return self.commit(shared, key, Some(o), false);
@@ -929,6 +967,11 @@ fn json_response(code: StatusCode, v: &Value) -> Response {
         .into_response()
 }
 
+/// A stored object as the answer: its JSON, made once per version.
+fn stored_response(code: StatusCode, v: &Stored) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], v.json()).into_response()
+}
+
 /// What a URL names.
 #[derive(Debug)]
 struct Target {
@@ -1124,7 +1167,8 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
     };
     let mut last = None;
     let mut more = false;
-    let mut items: Vec<Value> = Vec::new();
+    // Each item's JSON as stored (made once per version), not a copy of it.
+    let mut items: Vec<Bytes> = Vec::new();
     for (k, v) in inner.objects.iter() {
         if !in_scope(t, k) || !sel.matches(v) {
             continue;
@@ -1138,9 +1182,9 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
             break;
         }
         items.push(if metadata_only {
-            as_metadata(v)
+            Bytes::from(as_metadata(v).to_string())
         } else {
-            v.clone()
+            v.json()
         });
         last = Some(key);
     }
@@ -1159,15 +1203,30 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
             format!("{}List", inner.kind_of(&t.res)),
         )
     };
-    json_response(
+    let head = json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": metadata,
+    })
+    .to_string();
+    // `{"apiVersion":…,"metadata":{…},"items":[…]}`, the items' JSON as stored.
+    let mut body =
+        Vec::with_capacity(head.len() + 16 + items.iter().map(Bytes::len).sum::<usize>());
+    body.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    body.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(item);
+    }
+    body.extend_from_slice(b"]}");
+    (
         StatusCode::OK,
-        &json!({
-            "apiVersion": api_version,
-            "kind": kind,
-            "metadata": metadata,
-            "items": items,
-        }),
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
     )
+        .into_response()
 }
 
 fn key_of(t: &Target) -> Key {
@@ -1189,7 +1248,7 @@ fn get(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) -
             if accept.contains("as=PartialObjectMetadata") {
                 json_response(StatusCode::OK, &as_metadata(obj))
             } else {
-                json_response(StatusCode::OK, obj)
+                stored_response(StatusCode::OK, obj)
             }
         }
         Some("log") if t.res.plural == "pods" => {
@@ -1327,7 +1386,7 @@ fn create(shared: &Shared, t: &Target, mut body: Value, dry_run: bool) -> Respon
         return json_response(StatusCode::CREATED, &body);
     }
     match inner.commit(shared, &key, Some(body), false) {
-        Some(v) => json_response(StatusCode::CREATED, &v),
+        Some(v) => stored_response(StatusCode::CREATED, &v),
         None => bad_request("nothing stored".into()),
     }
 }
@@ -1385,12 +1444,12 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
             (body, false)
         }
         (Some(old), Write::Apply(patch) | Write::Merge(patch)) => {
-            let mut o = old;
+            let mut o = old.value.clone();
             merge_patch(&mut o, &patch);
             (o, false)
         }
         (Some(old), Write::Json(ops)) => {
-            let mut o = old;
+            let mut o = old.value.clone();
             if let Err(e) = json_patch(&mut o, &ops) {
                 return status_response(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -1441,17 +1500,22 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     if let Some(old) = &old {
         keep_server_metadata(&mut new, old);
         if status_only {
-            // Only the status changes through the subresource.
-            let mut o = old.clone();
-            match new.get("status") {
-                Some(s) => o["status"] = s.clone(),
-                None => {
-                    if let Some(m) = o.as_object_mut() {
-                        m.remove("status");
+            // Only the status changes through the subresource: everything
+            // else as stored (copied field by field around the new status,
+            // not the whole stored object copied again).
+            let status = new.as_object_mut().and_then(|m| m.remove("status"));
+            let mut o = Map::new();
+            if let Some(m) = old.as_object() {
+                for (k, v) in m {
+                    if k != "status" {
+                        o.insert(k.clone(), v.clone());
                     }
                 }
             }
-            new = o;
+            if let Some(s) = status {
+                o.insert("status".into(), s);
+            }
+            new = Value::Object(o);
         } else if !inner.no_status_subresource.contains(&t.res) {
             match old.get("status") {
                 Some(s) => new["status"] = s.clone(),
@@ -1475,8 +1539,8 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     // spec every interval must not wake every watcher).
     if let Some(old) = &old {
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
-        if new == *old {
-            return json_response(StatusCode::OK, old);
+        if new == old.value {
+            return stored_response(StatusCode::OK, old);
         }
     }
     let code = if created {
@@ -1495,7 +1559,7 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
         inner.delete(shared, &key, true);
     }
     match stored {
-        Some(v) => json_response(code, &v),
+        Some(v) => stored_response(code, &v),
         None => not_found(&t.res, &name),
     }
 }
@@ -1528,7 +1592,7 @@ fn delete(
         );
     }
     if dry_run {
-        return json_response(StatusCode::OK, &obj);
+        return stored_response(StatusCode::OK, &obj);
     }
     let policy = q
         .get("propagationPolicy")
@@ -1536,7 +1600,7 @@ fn delete(
         .or_else(|| body["propagationPolicy"].as_str().map(str::to_string));
     let cascade = policy.as_deref() != Some("Orphan");
     match inner.delete(shared, &key, cascade) {
-        Some(v) => json_response(StatusCode::OK, &v),
+        Some(v) => stored_response(StatusCode::OK, &v),
         None => not_found(&t.res, &name),
     }
 }
@@ -1565,7 +1629,7 @@ fn delete_collection(
         } else {
             inner.delete(shared, &k, true)
         };
-        items.extend(v);
+        items.extend(v.map(|s| s.value.clone()));
     }
     let kind = format!("{}List", inner.kind_of(&t.res));
     json_response(
@@ -1605,12 +1669,16 @@ fn line(v: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-/// `{"type": ty, "object": object}` and a newline, written straight from
-/// the stored object (no copy of it).
-fn event_line(ty: &str, object: &Value) -> Bytes {
-    let mut s = format!("{{\"type\":\"{ty}\",\"object\":");
-    s.push_str(&object.to_string());
-    s.push_str("}\n");
+/// `{"type": ty, "object": object}` and a newline, around the stored
+/// object's JSON (made once per version, whatever the number of watches).
+fn event_line(ty: &str, object: &Stored) -> Bytes {
+    let json = object.json();
+    let mut s = Vec::with_capacity(json.len() + ty.len() + 24);
+    s.extend_from_slice(b"{\"type\":\"");
+    s.extend_from_slice(ty.as_bytes());
+    s.extend_from_slice(b"\",\"object\":");
+    s.extend_from_slice(&json);
+    s.extend_from_slice(b"}\n");
     Bytes::from(s)
 }
 

@@ -16,7 +16,12 @@
 //!   (`pods/log`, bounded); a GPU OOM is learnt (status and MemoryProfile)
 //!   and, within `maxOomRetries`, retried smaller; a host OOM fails the job
 //!   with its own reason;
-//! - deletion: the finalizer releases the reservation, then lets go.
+//! - deletion: the finalizer releases the reservation, then lets go;
+//! - a lesson written after a job was admitted: when its shape's
+//!   MemoryProfile is written, every job admitted but not yet started (its
+//!   Job's pods not running: suspended by a queue, pulling an image) is
+//!   judged again before it starts, and if the learnt scale no longer fits
+//!   its hold, its Job is deleted and it is placed again with the scale.
 //!
 //! Pending jobs are retried when capacity changes (a GpuNode changes, a
 //! reservation is released), and otherwise only every `wait_requeue`.
@@ -49,7 +54,9 @@ use super::metrics::OomKind;
 use super::oom::{self, Failure};
 use super::render::{self, ATTEMPT_LABEL, AttemptSpec, JOB_LABEL};
 use super::{fingerprint, learn, profiles};
-use crate::api::{self, OomRecord, Phase, TrainingJob, TrainingJobStatus, ValidatedJob};
+use crate::api::{
+    self, MemoryProfile, OomRecord, Phase, TrainingJob, TrainingJobStatus, ValidatedJob,
+};
 use crate::estimate;
 use crate::inventory::{self, Source};
 use crate::plan::{reservations_of, scale_bytes};
@@ -131,6 +138,9 @@ pub struct Context {
     ledger: Mutex<Ledger>,
     /// Jobs waiting for capacity, retried when it changes.
     waiting: StdMutex<HashSet<ObjectRef<TrainingJob>>>,
+    /// Jobs admitted whose pods have not started: judged again when a
+    /// MemoryProfile is written.
+    admitted: StdMutex<HashSet<ObjectRef<TrainingJob>>>,
     kick: mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
     reporter: events::Reporter,
     config: Config,
@@ -147,6 +157,9 @@ impl Context {
     }
 
     fn set_waiting(&self, r: ObjectRef<TrainingJob>, waiting: bool) {
+        if !waiting {
+            self.set_admitted(r.clone(), false);
+        }
         if let Ok(mut w) = self.waiting.lock() {
             if waiting {
                 w.insert(r);
@@ -154,6 +167,25 @@ impl Context {
                 w.remove(&r);
             }
         }
+    }
+
+    fn set_admitted(&self, r: ObjectRef<TrainingJob>, admitted: bool) {
+        if let Ok(mut w) = self.admitted.lock() {
+            if admitted {
+                w.insert(r);
+            } else {
+                w.remove(&r);
+            }
+        }
+    }
+
+    /// A MemoryProfile changed: every job not yet started is judged again.
+    fn not_started(&self) -> Vec<ObjectRef<TrainingJob>> {
+        let mut out = self.waiting();
+        if let Ok(a) = self.admitted.lock() {
+            out.extend(a.iter().cloned());
+        }
+        out
     }
 
     /// Memory was freed: retry every waiting job.
@@ -476,6 +508,7 @@ async fn pending(
             drop(ledger);
             ctx.config.metrics.placed(adjusted);
             ctx.set_waiting(ObjectRef::from_obj(&**tj), false);
+            ctx.set_admitted(ObjectRef::from_obj(&**tj), true);
             ctx.event(tj, Kind::Normal, "Placed", message).await;
             // Make the Job now rather than on the next event.
             active(api, &Arc::new(written), ctx).await
@@ -697,6 +730,19 @@ async fn active(
             .unwrap_or_else(|| "a pod failed".into());
         return attempt_failed(api, tj, ctx, &job_name, job_message).await;
     }
+    let started = js.active.unwrap_or(0) > 0
+        || js.ready.unwrap_or(0) > 0
+        || js.succeeded.unwrap_or(0) > 0
+        || js.failed.unwrap_or(0) > 0;
+    if !started
+        && status.phase == Some(Phase::Admitted)
+        && let Some(action) = rejudge(api, tj, ctx, &job_name, &status).await?
+    {
+        return Ok(action);
+    }
+    if started {
+        ctx.set_admitted(ObjectRef::from_obj(&**tj), false);
+    }
     let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
     let mut changed = false;
     if suspended {
@@ -752,6 +798,96 @@ async fn active(
         }
     }
     Ok(Action::await_change())
+}
+
+/// The scale the job's shape's MemoryProfile puts on estimates now, read
+/// from the API server (not the reflector, which may not have the profile
+/// yet when its own watch event triggered this reconcile); 1 without one.
+async fn profile_scale(ctx: &Context, tj: &TrainingJob) -> f64 {
+    let name = fingerprint::profile_name(&fingerprint::fingerprint(&tj.spec));
+    let profiles: Api<MemoryProfile> = Api::all(ctx.client.clone());
+    match profiles.get_opt(&name).await {
+        Ok(Some(p)) => inventory::profile_ratios(std::iter::once(&p))
+            .get(&name)
+            .copied()
+            .unwrap_or(1.0)
+            .max(1.0),
+        Ok(None) => 1.0,
+        Err(error) => {
+            tracing::debug!(%error, profile = %name, "reading a MemoryProfile");
+            1.0
+        }
+    }
+}
+
+/// An admitted job whose pods have not started, judged again: when its
+/// shape's MemoryProfile now scales its estimate past its hold, the Job is
+/// deleted before it runs, the hold released, and the job goes back to
+/// Pending to be placed with the lesson. None: the hold still fits.
+async fn rejudge(
+    api: &Api<TrainingJob>,
+    tj: &Arc<TrainingJob>,
+    ctx: &Context,
+    job_name: &str,
+    status: &TrainingJobStatus,
+) -> Result<Option<Action>, Error> {
+    let decided = status
+        .learned
+        .as_ref()
+        .map(|l| l.scale)
+        .filter(|s| s.is_finite())
+        .unwrap_or(1.0)
+        .max(1.0);
+    let scale = profile_scale(ctx, tj).await;
+    let (Some(estimate), Some(placement)) = (&status.estimate, &status.placement) else {
+        return Ok(None);
+    };
+    let needed = scale_bytes(estimate.fit_per_gpu_bytes(), scale);
+    if scale <= decided || needed <= placement.reserved_bytes_per_gpu {
+        return Ok(None);
+    }
+    let message = format!(
+        "its shape's MemoryProfile learnt ×{scale:.2} after it was admitted: {} GiB per GPU is more than the {} GiB held; Job {job_name} deleted before it started, placing again",
+        estimate::gib(needed),
+        estimate::gib(placement.reserved_bytes_per_gpu)
+    );
+    let mut next = status.clone();
+    let generation = tj.metadata.generation;
+    let learned = next.learned.get_or_insert(api::Learned {
+        scale: 1.0,
+        expandable_segments: false,
+        profile: None,
+    });
+    learned.scale = scale;
+    learned.profile = Some(fingerprint::profile_name(&fingerprint::fingerprint(
+        &tj.spec,
+    )));
+    next.phase = Some(Phase::Pending);
+    next.placement = None;
+    next.job_name = None;
+    next.message = Some(truncate(&message, 4096));
+    cond::set(
+        &mut next.conditions,
+        cond::PLACED,
+        false,
+        "LearntBeforeStart",
+        &message,
+        generation,
+        &now(),
+    );
+    write_status(api, tj, next).await?;
+    let ns = tj.namespace().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    match jobs.delete(job_name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(error) => tracing::warn!(%error, job = job_name, "deleting a Job judged again"),
+    }
+    ctx.set_admitted(ObjectRef::from_obj(&**tj), false);
+    ctx.release(&ledger::key(tj)).await;
+    ctx.event(tj, Kind::Normal, "LearntBeforeStart", message)
+        .await;
+    Ok(Some(Action::requeue(Duration::from_millis(10))))
 }
 
 /// The most telling failure of an attempt's pods: a GPU OOM (with the most
@@ -1166,6 +1302,7 @@ pub async fn run_controller(
         inventory,
         ledger: Mutex::new(ledger),
         waiting: StdMutex::new(HashSet::new()),
+        admitted: StdMutex::new(HashSet::new()),
         kick,
         reporter,
         config,
@@ -1173,14 +1310,20 @@ pub async fn run_controller(
     });
     let trim_ctx = ctx.clone();
     let trim = async move {
+        // Walking the heap costs in proportion to its size: at most once per
+        // TRIM_EVERY of real time too, so a paused clock (a simulated day,
+        // where 5 s pass in microseconds) does not walk it thousands of times.
+        let mut last = std::time::Instant::now();
         loop {
             tokio::time::sleep(TRIM_EVERY).await;
-            if trim_ctx.reconciles.swap(0, Ordering::Relaxed) > 0 {
+            if last.elapsed() >= TRIM_EVERY && trim_ctx.reconciles.swap(0, Ordering::Relaxed) > 0 {
                 release_free_memory();
+                last = std::time::Instant::now();
             }
         }
     };
     let on_gpu_nodes = ctx.clone();
+    let on_profiles = ctx.clone();
     let controller = Controller::new(tjs, watcher::Config::default().any_semantic())
         .owns(
             Api::<Job>::all(client.clone()),
@@ -1199,6 +1342,11 @@ pub async fn run_controller(
             Api::<api::GpuNode>::all(client.clone()),
             watcher::Config::default(),
             move |_| on_gpu_nodes.waiting(),
+        )
+        .watches(
+            Api::<MemoryProfile>::all(client.clone()),
+            watcher::Config::default(),
+            move |_| on_profiles.not_started(),
         )
         .reconcile_on(kicks)
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))

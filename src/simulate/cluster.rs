@@ -193,6 +193,9 @@ struct Run {
 pub struct World {
     pub nodes: BTreeMap<String, Node>,
     runs: HashMap<String, Run>,
+    /// The runs with a pod on each node (uids): what an agent's probe reads
+    /// without walking every run of the cluster.
+    on_node: HashMap<String, std::collections::HashSet<String>>,
     /// Job uids already run (a relist must not start them again).
     seen: HashMap<String, ()>,
     next_pid: u32,
@@ -207,6 +210,7 @@ impl World {
         Ok(World {
             nodes: map,
             runs: HashMap::new(),
+            on_node: HashMap::new(),
             seen: HashMap::new(),
             next_pid: 1000,
         })
@@ -232,7 +236,12 @@ impl World {
     /// API tells the agent (time-sliced: several pods may share a GPU).
     fn assignments(&self, node: &str) -> Assignments {
         let mut by_index: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-        for r in self.runs.values() {
+        let here = self.on_node.get(node);
+        for r in here
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| self.runs.get(uid))
+        {
             for (pod, pod_node) in &r.pods {
                 if pod_node != node {
                     continue;
@@ -259,6 +268,26 @@ impl World {
                 })
                 .collect(),
         }
+    }
+
+    fn insert_run(&mut self, uid: String, run: Run) {
+        for (_, node) in &run.pods {
+            self.on_node
+                .entry(node.clone())
+                .or_default()
+                .insert(uid.clone());
+        }
+        self.runs.insert(uid, run);
+    }
+
+    fn remove_run(&mut self, uid: &str) -> Option<Run> {
+        let run = self.runs.remove(uid)?;
+        for (_, node) in &run.pods {
+            if let Some(set) = self.on_node.get_mut(node) {
+                set.remove(uid);
+            }
+        }
+        Some(run)
     }
 
     /// The other attempts on a GPU: what each uses and holds.
@@ -322,8 +351,12 @@ pub struct Cluster {
     /// `namespace/name` → index in `prepared`.
     pub by_name: HashMap<String, usize>,
     pub oom_after: f64,
+    /// From a Job's creation until its pods run.
+    pub start_after: f64,
     pub ttl_seconds: u64,
     pub interval: f64,
+    /// Each node's agent's publisher.
+    pub publishers: Mutex<HashMap<String, publish::Publisher>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -421,7 +454,12 @@ impl Cluster {
             ttl_seconds: self.ttl_seconds,
             copy_taints: false,
         };
-        match publish::publish(&self.client, &config, &status).await {
+        // The node's agent remembers the spec it applied (taken out while it
+        // writes: one agent task per node).
+        let mut publisher = lock(&self.publishers).remove(node).unwrap_or_default();
+        let written = publisher.publish(&self.client, &config, &status).await;
+        lock(&self.publishers).insert(node.to_string(), publisher);
+        match written {
             Ok(_) => {
                 let mut world = lock(&self.world);
                 if let Some(n) = world.nodes.get_mut(node) {
@@ -447,6 +485,19 @@ impl Cluster {
             }
         }
         let namespace = job.namespace().unwrap_or_default();
+        if self.start_after > 0.0 {
+            // Pulling the image: the Job may be deleted (or replaced under
+            // its name) before its pods run.
+            let at = self.clock.secs() + self.start_after;
+            self.clock.until(at).await;
+            let jobs: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
+            match jobs.get_opt(&job.name_any()).await {
+                Ok(Some(j))
+                    if j.uid().as_deref() == Some(uid.as_str())
+                        && j.metadata.deletion_timestamp.is_none() => {}
+                _ => return,
+            }
+        }
         let Some(tj_name) = crate::operator::render::training_job_of(&job.metadata) else {
             return;
         };
@@ -612,7 +663,7 @@ impl Cluster {
             .await;
         {
             let mut world = lock(&self.world);
-            world.runs.insert(
+            world.insert_run(
                 uid.clone(),
                 Run {
                     namespace: namespace.clone(),
@@ -749,7 +800,7 @@ impl Cluster {
     pub async fn finish(&self, uid: &str, outcome: Outcome, message: String) {
         let run = {
             let mut world = lock(&self.world);
-            let Some(run) = world.runs.remove(uid) else {
+            let Some(run) = world.remove_run(uid) else {
                 return;
             };
             for k in &run.ranks {

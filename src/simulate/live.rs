@@ -136,7 +136,13 @@ async fn kubelet(cluster: Arc<Cluster>) {
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
-                cluster.job_seen(j).await;
+                if cluster.start_after > 0.0 {
+                    // Its pods start later; the kubelet watches on meanwhile.
+                    let c = cluster.clone();
+                    tokio::spawn(async move { c.job_seen(j).await });
+                } else {
+                    cluster.job_seen(j).await;
+                }
             }
             Ok(watcher::Event::Delete(j)) => {
                 if let Some(uid) = j.uid() {
@@ -347,8 +353,10 @@ pub async fn run(
         prepared: prepared.clone(),
         by_name,
         oom_after: scenario.oom_after,
+        start_after: scenario.start_after,
         ttl_seconds: scenario.agent_ttl.ceil() as u64,
         interval: scenario.agent_interval,
+        publishers: Mutex::new(HashMap::new()),
     });
     // The agents come up first.
     for n in &scenario.nodes {

@@ -227,17 +227,20 @@ impl Report {
                         .unwrap_or_default()
                 ));
             }
-            // A first attempt placed after its shape's OOM was learnt.
+            // A first attempt placed, or started, after its shape's OOM was
+            // learnt: a job admitted before the lesson is judged again
+            // before its pods start.
             if x.attempt == 0
                 && let Some(j) = r.jobs.get(&x.tj)
                 && let Some(&learnt) = r.learnt_at.get(&j.fingerprint)
-                && j.placed.first().is_some_and(|p| p.1 > learnt)
+                && (j.placed.first().is_some_and(|p| p.1 > learnt) || x.start > learnt)
             {
                 not_prevented.push(format!(
-                    "{} ran out of GPU memory on its first attempt although its shape's OOM was learnt at {} (placed at {}, needing {} GiB per GPU, estimated {} GiB, {} GiB held)",
+                    "{} ran out of GPU memory on its first attempt although its shape's OOM was learnt at {} (placed at {}, started at {}, needing {} GiB per GPU, estimated {} GiB, {} GiB held)",
                     x.tj,
                     clock(learnt),
                     clock(j.placed.first().map(|p| p.1).unwrap_or(0.0)),
+                    clock(x.start),
                     estimate::gib(x.need_per_gpu),
                     estimate::gib(x.estimated_per_gpu),
                     estimate::gib(x.reserved_bytes_per_gpu)

@@ -147,6 +147,9 @@ struct TruthFile {
     residuals: Option<ResidualsFile>,
     #[serde(default = "default_oom_after")]
     oom_after: Secs,
+    /// From a Job's creation until its pods run (image pull, scheduling).
+    #[serde(default)]
+    start_after: Secs,
 }
 
 #[derive(Debug, Deserialize)]
@@ -162,6 +165,7 @@ impl Default for TruthFile {
             spread: None,
             residuals: None,
             oom_after: default_oom_after(),
+            start_after: Secs(0.0),
         }
     }
 }
@@ -366,6 +370,8 @@ pub struct Scenario {
     /// Measured / estimated ratios by recipe, drawn from instead of `spread`.
     pub residuals: Option<Residuals>,
     pub oom_after: f64,
+    /// Seconds from a Job's creation until its pods run.
+    pub start_after: f64,
     pub sample_every: f64,
     pub nodes: Vec<NodeSpec>,
     /// In arrival order (ties keep file order).
@@ -443,8 +449,9 @@ pub const MAX_JOBS: u64 = 50_000;
 /// Memory a simulated job takes over a whole run (its objects in the API
 /// server, the operator's and the reflectors' copies, its records, and the
 /// baseline run's share), with room above what was measured: the generated
-/// day of `cargo bench --bench simulate` peaks at 1.24 GiB for 10 000 jobs
-/// (130 KiB a job), the `burst` scenario with 20 000 waiting jobs at 440 MiB.
+/// day of `cargo bench --bench simulate` peaks at 1.37 GiB for 10 000 jobs
+/// (144 KiB a job, measured with `/usr/bin/time -v`), the `burst` scenario
+/// with 20 000 waiting jobs at 440 MiB.
 pub const MEMORY_PER_JOB: u64 = 160 * 1024;
 
 /// Read and check a scenario.
@@ -757,6 +764,7 @@ pub fn parse_within(text: &str, memory: Option<u64>) -> Result<Scenario, Scenari
         spread: (lo, hi),
         residuals,
         oom_after: file.truth.oom_after.0,
+        start_after: file.truth.start_after.0,
         sample_every,
         nodes,
         arrivals,
