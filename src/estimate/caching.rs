@@ -53,6 +53,9 @@ const NONE: u32 = u32::MAX;
 /// the same allocations).
 pub const REPLAYED_BLOCKS: u32 = 4;
 
+/// The largest hidden-width tensor replayed as it is: 2^36 bytes (64 GiB).
+const MAX_UNIT_OCTAVE: f64 = 36.0;
+
 /// `round_size`: multiples of 512 bytes, at least 512.
 pub fn round_size(size: u64) -> u64 {
     size.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK
@@ -704,7 +707,10 @@ pub fn stranded_share(c: &Churn, shapes: Shapes, expandable: bool) -> (f64, f64)
     if unit.is_nan() || unit < 1.0 || !unit.is_finite() {
         return (0.0, 0.0);
     }
-    let octave = unit.log2().floor();
+    // Past 64 GiB a tensor is far above every threshold of the allocator and
+    // the replay's shares no longer change with size: the doubling is capped
+    // there, which also bounds the replay's page table.
+    let octave = unit.log2().floor().min(MAX_UNIT_OCTAVE);
     let u = (octave + 0.5).exp2();
     let q = Churn {
         blocks: c.blocks.ceil().clamp(1.0, f64::from(REPLAYED_BLOCKS)),

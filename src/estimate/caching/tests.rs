@@ -119,6 +119,25 @@ fn the_replay_is_independent_of_blocks_past_the_replayed_ones() {
     assert_eq!(stranded_share(&c, Shapes::Varying, false), a);
 }
 
+#[test]
+fn absurd_sizes_replay_at_the_capped_size_in_bounded_memory() {
+    let mut c = llama_block();
+    for x in [
+        &mut c.saved,
+        &mut c.temp_forward,
+        &mut c.temp_backward,
+        &mut c.logits,
+    ] {
+        *x *= 1e9;
+    }
+    for expandable in [false, true] {
+        let (point, high) = stranded_share(&c, Shapes::Varying, expandable);
+        assert!(point.is_finite() && high.is_finite() && high >= point);
+    }
+    c.saved = f64::NAN;
+    assert_eq!(stranded_share(&c, Shapes::Varying, true), (0.0, 0.0));
+}
+
 /// The figures docs/DESIGN.md quotes: `cargo test --release --lib
 /// caching::tests::a_llama_block -- --nocapture`.
 #[test]
