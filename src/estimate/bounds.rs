@@ -16,7 +16,6 @@
 //! figure furthest from the point.
 
 use super::GIB;
-use super::caching::{Churn, Shapes, stranded_share};
 use crate::api::{AllocatorConf, Batching, Quantization, RuntimeFacts, ValidatedJob};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -249,38 +248,37 @@ pub fn nccl_buffers(ends: &Ends, communicators: f64) -> f64 {
 
 /// Reserved minus allocated, as a share of the bytes that churn within a step
 /// (activations, logits, temporaries): the caching allocator keeps freed
-/// blocks in their segments, and a block freed at one size serves a later
-/// request only when it is as large, so some reserved bytes are stranded.
-/// The share is not a constant: [`caching`](super::caching) replays the
-/// step's allocations (each block's saved tensors, temporaries, the logits,
-/// the gradients `zero_grad` frees) through the allocator's own rules
-/// (pytorch/pytorch `c10/cuda/CUDACachingAllocator.cpp`, commit 001074d) and
-/// finds the fewest bytes the device must let it reserve for the run to
-/// finish.
+/// blocks in their segments, and a block freed at one size serves a later,
+/// larger request only if its segment has a neighbouring free block to merge
+/// with (c10/cuda/CUDACachingAllocator.cpp: large blocks come from segments of
+/// 20 MiB (requests of 1 to 10 MiB) or of the request rounded up to 2 MiB,
+/// blocks are split but never merged across segments).
 ///
-/// - low: none (a step whose every tensor finds a block of its own size
-///   again, as a repeated identical step does after its first).
-/// - point: packed or padded batches, three identical steps replayed;
-///   variable-length batches (or batching not given), eight steps at
-///   shapes between 1/8 and all of the longest, in two drawn orders, the
-///   mean of the two.
-/// - high: packed or padded, the same three steps; variable, the largest of
-///   the drawn orders and the ascending one (each step outgrows every block
-///   cached before it).
-/// - `expandable_segments:True` maps one growing segment per pool at page
-///   granularity, and free pages are unmapped on the retry: the replay
-///   counts the pages live tensors touch.
-pub fn fragmentation_share(ends: &Ends, facts: &Facts, churn: &Churn) -> f64 {
-    let shapes = if facts.shapes_vary() {
-        Shapes::Varying
-    } else {
-        Shapes::Fixed
+/// - point: 8 % of the churned bytes.
+/// - low: no fragmentation (a step whose every tensor finds a block of its
+///   own size again, as a repeated identical step does after its first).
+/// - high: 15 % of the churned bytes; with variable-length batches (shapes
+///   that change from step to step, or batching not given) blocks cached at
+///   one shape do not serve the next and the reserved figure climbs over a
+///   run: 25 %, a quarter of the churned bytes stranded in segments of
+///   earlier shapes. The allocator frees every cached
+///   block and retries before it raises out-of-memory, so this is reserved
+///   memory, not a cause of OOM by itself beyond the in-segment holes.
+/// - `expandable_segments:True` maps one growing segment per stream, so
+///   freed blocks merge: the high end falls to 5 % (and 10 % unpacked).
+pub fn fragmentation_share(ends: &Ends, facts: &Facts) -> f64 {
+    let high = match (facts.allocator.expandable_segments, facts.shapes_vary()) {
+        (true, false) => 0.05,
+        (true, true) => 0.10,
+        (false, false) => 0.15,
+        (false, true) => 0.25,
     };
-    match ends.of(Mechanism::Fragmentation) {
-        End::Low => 0.0,
-        End::Point => stranded_share(churn, shapes, facts.allocator.expandable_segments).0,
-        End::High => stranded_share(churn, shapes, facts.allocator.expandable_segments).1,
-    }
+    let point = if facts.allocator.expandable_segments {
+        0.03
+    } else {
+        0.08
+    };
+    ends.pick(Mechanism::Fragmentation, 0.0, point, high)
 }
 
 /// cuDNN convolution workspace. PyTorch tries algorithms in cuDNN's
@@ -601,28 +599,14 @@ mod tests {
     }
 
     #[test]
-    fn expandable_segments_and_fixed_shapes_narrow_fragmentation() {
-        // A 4096-wide block at 4096 tokens in bf16, 32 of them.
-        let t = 4096.0 * 4096.0 * 2.0;
-        let c = Churn {
-            blocks: 32.0,
-            saved: t * (6.0 + 3.0 * 2.6875),
-            width_ratio: 2.6875,
-            temp_forward: 2.0 * t,
-            temp_backward: 4.0 * t,
-            logits: 4096.0 * 128_256.0 * 4.0,
-            ..Churn::default()
-        };
+    fn expandable_segments_narrow_fragmentation() {
         let mut f = Facts::default();
-        let share = |f: &Facts, end| fragmentation_share(&Ends::all(end), f, &c);
-        let high = share(&f, End::High);
-        assert!(share(&f, End::Point) < high);
-        assert_eq!(share(&f, End::Low), 0.0);
-        f.batching = Some(Batching::Packed);
-        assert!(share(&f, End::High) < high);
-        f.batching = None;
+        let high = fragmentation_share(&Ends::all(End::High), &f);
         f.allocator.expandable_segments = true;
-        assert!(share(&f, End::High) < high);
+        assert!(fragmentation_share(&Ends::all(End::High), &f) < high);
+        f.batching = Some(Batching::Packed);
+        assert_eq!(fragmentation_share(&Ends::all(End::High), &f), 0.05);
+        assert_eq!(fragmentation_share(&Ends::all(End::Low), &f), 0.0);
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub mod peft;
 pub mod stacks;
 
 mod activations;
-mod caching;
+pub mod caching;
 mod step;
 
 use crate::api::{Breakdown, EstimateBounds, EstimateStatus, RangeSpread, ValidatedJob};

@@ -4,7 +4,6 @@
 use super::activations::{self, ActContext};
 use super::arch::{Arch, Kind};
 use super::bounds::{self, Ends, Facts};
-use super::caching::Churn;
 use super::gpus::{self, GpuProduct};
 use super::layers::LayerStack;
 use super::params::{self, Counts};
@@ -193,8 +192,6 @@ struct Stage {
     decode_temp: f64,
     large_tensors: f64,
     largest_tensor: f64,
-    /// What the step allocates and frees, for the caching allocator's replay.
-    churn: Churn,
 }
 
 pub struct StepModel {
@@ -462,7 +459,7 @@ impl StepModel {
             + peak.get(Component::Logits)
             + peak.get(Component::Temporaries);
         ROUNDING_PER_TENSOR * self.stage.large_tensors
-            + bounds::fragmentation_share(&self.ends, &self.facts, &self.stage.churn) * churned
+            + bounds::fragmentation_share(&self.ends, &self.facts) * churned
     }
 
     pub fn largest_tensor(&self) -> f64 {
@@ -1195,28 +1192,6 @@ fn transformer_stage(
         decode_temp,
         large_tensors,
         largest_tensor,
-        churn: Churn {
-            blocks: stage_blocks,
-            saved: activations_total / stage_blocks.max(1.0),
-            recompute,
-            width_ratio: i_width / h.max(1.0),
-            temp_forward,
-            temp_backward,
-            // One fp32 plane of the logits: the loss upcasts, takes the
-            // log-softmax and its gradient, each a plane.
-            logits: if logits_forward > 0.0 {
-                logit_tokens * vocab_rank * 4.0
-            } else {
-                0.0
-            },
-            // Without ZeRO each step's `.grad` tensors are allocated in
-            // backward and freed by `zero_grad(set_to_none=True)`.
-            grads: if zero == 0 {
-                grads / stage_blocks.max(1.0)
-            } else {
-                0.0
-            },
-        },
     }
 }
 
@@ -1349,11 +1324,6 @@ fn custom_stage(
         decode_temp: 0.0,
         large_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
         largest_tensor: (parameters / 100.0 * elem).min(4.0 * GIB),
-        churn: Churn {
-            blocks: 1.0,
-            saved: if inference { 0.0 } else { activations },
-            ..Churn::default()
-        },
     }
 }
 
@@ -1457,12 +1427,5 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
         decode_temp: 0.0,
         large_tensors: stack.parameter_tensors as f64,
         largest_tensor: (stack.largest_param_elems as f64 * r.weight.max(elem)).max(largest_act),
-        churn: Churn {
-            blocks: 1.0,
-            saved: if inference { 0.0 } else { activations },
-            temp_forward: largest_act,
-            temp_backward: bounds::backward_temporaries(ends, largest_act, 0.0, 0.0),
-            ..Churn::default()
-        },
     }
 }
