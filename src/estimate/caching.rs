@@ -385,11 +385,14 @@ impl CachingAllocator {
         if self.expandable {
             self.touch(pool, offset, bytes, true);
         }
-        self.peak_allocated = self.peak_allocated.max(self.allocated);
-        self.peak_reserved = self.peak_reserved.max(self.reserved());
         if self.reserved() > self.capacity {
+            // Expandable pages past the capacity: the mapping fails and the
+            // block goes back, so a failed request holds nothing.
+            self.free(id);
             return None;
         }
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+        self.peak_reserved = self.peak_reserved.max(self.reserved());
         Some(id)
     }
 

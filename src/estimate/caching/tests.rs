@@ -120,6 +120,15 @@ fn the_replay_is_independent_of_blocks_past_the_replayed_ones() {
 }
 
 #[test]
+fn a_failed_expandable_request_holds_nothing() {
+    let mut a = CachingAllocator::new(true, 40 * M);
+    a.malloc(30 * M).unwrap();
+    // 30 + 30 MiB touches three 20 MiB pages: over 40 MiB.
+    assert_eq!(a.malloc(30 * M), None);
+    assert_eq!((a.allocated(), a.reserved()), (30 * M, 40 * M));
+}
+
+#[test]
 fn absurd_sizes_replay_at_the_capped_size_in_bounded_memory() {
     let mut c = llama_block();
     for x in [
