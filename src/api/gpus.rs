@@ -18,7 +18,7 @@
 const MIB: u64 = 1024 * 1024;
 
 /// GPU architecture generation (decides CUDA context size and library workspaces).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Architecture {
     /// sm_70 (V100).
     Volta,

@@ -34,6 +34,8 @@ pub struct ActContext<'a> {
     /// Every n-th block is checkpointed; the others keep everything.
     pub checkpoint_every: f64,
     pub attention: Attention,
+    /// SDPA runs its math kernel (`bounds::sdpa_math_fallback`).
+    pub sdpa_math: bool,
     pub sequence: f64,
     pub tensor_parallel: f64,
     pub sequence_parallel: bool,
@@ -113,12 +115,36 @@ fn norm_without_output(a: &Arch, c: &ActContext) -> f64 {
 /// output and its 16-bit cast, plus the tanh output when scores are soft-capped.
 /// Zero for fused kernels.
 fn score_bytes(a: &Arch, c: &ActContext) -> f64 {
+    if c.sdpa_math && attention_kind(a, c.attention) == Attention::Sdpa {
+        // The math kernel's softmax output, in the compute dtype.
+        return c.elem * a.heads as f64 * c.sequence;
+    }
     if attention_kind(a, c.attention) != Attention::Eager {
         return 0.0;
     }
     let e = c.elem;
     let softcap = if a.attention_softcap { e } else { 0.0 };
     (4.0 + e + softcap) * a.heads as f64 * c.sequence
+}
+
+/// Backward's gradients of the attention scores, in elements of the compute
+/// dtype per token: eager attention's fp32 softmax backward and the 16-bit
+/// gradient of the probabilities, the math kernel's two 16-bit planes
+/// (`s` per head per token each); none for fused kernels.
+pub fn scores_grad(a: &Arch, c: &ActContext, tp: f64) -> f64 {
+    let per_head = a.heads as f64 / tp * c.sequence;
+    match attention_kind(a, c.attention) {
+        Attention::Eager => per_head * (4.0 + c.elem) / c.elem,
+        Attention::Sdpa if c.sdpa_math => per_head * 2.0,
+        _ => 0.0,
+    }
+}
+
+/// The activation function as a stack runs it: the model's own under a
+/// stack that runs Transformers' modules, a fused one under a stack with its
+/// own (`own_modules`: LitGPT, torchtune, …).
+pub fn act_under(a: &Arch, own_modules: bool) -> Act {
+    if own_modules { Act::Fused } else { a.act }
 }
 
 /// The attention path that runs for the one asked for: soft-capped scores
@@ -186,6 +212,8 @@ fn attention(a: &Arch, c: &ActContext) -> f64 {
         Attention::Eager => e * 3.0 * q + score_bytes(a, c),
         // PyTorch SDPA callers repeat K/V to every query head (GQA) and the
         // kernel keeps q, k, v, the output and an fp32 log-sum-exp.
+        // Its math kernel keeps the probabilities instead of the log-sum-exp.
+        Attention::Sdpa if c.sdpa_math => e * 3.0 * q + score_bytes(a, c),
         Attention::Sdpa => e * 3.0 * q + 4.0 * heads,
         // FlashAttention takes grouped K/V as they are.
         Attention::Flash => e * (q + 2.0 * kv) + 4.0 * heads,

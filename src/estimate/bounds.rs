@@ -16,6 +16,8 @@
 //! figure furthest from the point.
 
 use super::GIB;
+use super::caching::{Churn, Shapes, stranded_share};
+use crate::api::gpus::Architecture;
 use crate::api::{AllocatorConf, Batching, Quantization, RuntimeFacts, ValidatedJob};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -60,10 +62,12 @@ pub enum Mechanism {
     CastCopies,
     /// 16-bit weights a GPTQ/AWQ kernel dequantizes that autograd keeps.
     DequantizedWeights,
+    /// SDPA's math kernel keeping the attention probabilities.
+    SdpaMathFallback,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -79,6 +83,7 @@ impl Mechanism {
         Mechanism::ShardGather,
         Mechanism::CastCopies,
         Mechanism::DequantizedWeights,
+        Mechanism::SdpaMathFallback,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -98,6 +103,7 @@ impl Mechanism {
             Mechanism::ShardGather => "shardGather",
             Mechanism::CastCopies => "castCopies",
             Mechanism::DequantizedWeights => "dequantizedWeights",
+            Mechanism::SdpaMathFallback => "sdpaMathFallback",
         }
     }
 
@@ -123,6 +129,9 @@ impl Mechanism {
             Mechanism::CastCopies => "nothing in the spec (the order backward frees in)",
             Mechanism::DequantizedWeights => {
                 "nothing in the spec (the GPTQ/AWQ kernel the loader picks)"
+            }
+            Mechanism::SdpaMathFallback => {
+                "training.runtime.transformers and .pytorch, attention: flash"
             }
         }
     }
@@ -248,37 +257,106 @@ pub fn nccl_buffers(ends: &Ends, communicators: f64) -> f64 {
 
 /// Reserved minus allocated, as a share of the bytes that churn within a step
 /// (activations, logits, temporaries): the caching allocator keeps freed
-/// blocks in their segments, and a block freed at one size serves a later,
-/// larger request only if its segment has a neighbouring free block to merge
-/// with (c10/cuda/CUDACachingAllocator.cpp: large blocks come from segments of
-/// 20 MiB (requests of 1 to 10 MiB) or of the request rounded up to 2 MiB,
-/// blocks are split but never merged across segments).
+/// blocks in their segments, and a block freed at one size serves a later
+/// request only when it is as large, so some reserved bytes are stranded.
+/// Two parts, each end the larger of the two:
 ///
-/// - point: 8 % of the churned bytes.
-/// - low: no fragmentation (a step whose every tensor finds a block of its
-///   own size again, as a repeated identical step does after its first).
-/// - high: 15 % of the churned bytes; with variable-length batches (shapes
-///   that change from step to step, or batching not given) blocks cached at
-///   one shape do not serve the next and the reserved figure climbs over a
-///   run: 25 %, a quarter of the churned bytes stranded in segments of
-///   earlier shapes. The allocator frees every cached
-///   block and retries before it raises out-of-memory, so this is reserved
-///   memory, not a cause of OOM by itself beyond the in-segment holes.
-/// - `expandable_segments:True` maps one growing segment per stream, so
-///   freed blocks merge: the high end falls to 5 % (and 10 % unpacked).
-pub fn fragmentation_share(ends: &Ends, facts: &Facts) -> f64 {
-    let high = match (facts.allocator.expandable_segments, facts.shapes_vary()) {
-        (true, false) => 0.05,
-        (true, true) => 0.10,
-        (false, false) => 0.15,
-        (false, true) => 0.25,
+/// - The step's large tensors, replayed: [`caching`](super::caching) runs
+///   the step's allocations (each block's saved tensors, temporaries, each
+///   linear's dequantized weight, the blocks ZeRO-3 gathers, the logits, the
+///   gradients `zero_grad` frees) through the allocator's own rules
+///   (pytorch/pytorch `c10/cuda/CUDACachingAllocator.cpp`, commit 001074d)
+///   and finds the fewest bytes the device must let it reserve for the run
+///   to finish. Packed or padded batches replay one step; variable-length
+///   ones (or batching not given) eight steps at shapes between 1/8 and all
+///   of the longest, in two drawn orders (the point is their mean) and in
+///   ascending order (the high end is the largest of the three).
+/// - What the replay leaves out: the step's many small and odd-sized
+///   tensors (norms, biases, attention statistics, RNG state, the
+///   optimizer's per-parameter temporaries), the first steps' warm-up and
+///   other streams' blocks. Not modelled; bounded by shares of the churned
+///   bytes: point 8 %, high 15 %, 25 % with variable-length batches (blocks
+///   cached at one shape do not serve the next, and the reserved figure
+///   climbs over a run); with `expandable_segments:True` (one growing
+///   segment per pool, free pages unmapped on the retry) 3 %, high 5 %
+///   and 10 %.
+/// - low: none (a step whose every tensor finds a block of its own size
+///   again, as a repeated identical step does after its first).
+pub fn fragmentation_share(ends: &Ends, facts: &Facts, churn: &Churn) -> f64 {
+    let expandable = facts.allocator.expandable_segments;
+    let (shapes, unmodelled_high) = match (expandable, facts.shapes_vary()) {
+        (true, false) => (Shapes::Fixed, 0.05),
+        (true, true) => (Shapes::Varying, 0.10),
+        (false, false) => (Shapes::Fixed, 0.15),
+        (false, true) => (Shapes::Varying, 0.25),
     };
-    let point = if facts.allocator.expandable_segments {
-        0.03
-    } else {
-        0.08
+    let unmodelled_point = if expandable { 0.03 } else { 0.08 };
+    match ends.of(Mechanism::Fragmentation) {
+        End::Low => 0.0,
+        End::Point => stranded_share(churn, shapes, expandable)
+            .0
+            .max(unmodelled_point),
+        End::High => stranded_share(churn, shapes, expandable)
+            .1
+            .max(unmodelled_high),
+    }
+}
+
+/// Whether a grouped-query model's SDPA call runs PyTorch's math kernel,
+/// which keeps the attention probabilities (heads × s per token, in the
+/// compute dtype) for backward where the fused kernels keep a log-sum-exp.
+///
+/// Transformers passes `enable_gqa=True` instead of repeating K/V to every
+/// head when no attention mask is given on torch 2.5 or later
+/// (`integrations/sdpa_attention.py`, `use_gqa_in_sdpa`; added by
+/// huggingface/transformers#39412, first in 4.54). PyTorch's flash kernel
+/// takes grouped heads but only 16-bit inputs on sm_80 and later with a head
+/// size up to 256, and its memory-efficient kernel refuses unequal head
+/// counts (`sdp_utils.cpp`, `check_batch_size_and_num_heads_dense<false>`
+/// in its constraints), so fp32 compute, a Turing or Volta GPU or wider
+/// heads leave the math kernel. Without the mask: a micro-batch of one
+/// sample (nothing to pad) or packed batches.
+///
+/// - point and low: the kernel of Transformers before 4.54 (K/V repeated,
+///   the memory-efficient kernel) unless the release and PyTorch's are
+///   known; high: the math kernel wherever the conditions hold.
+/// - measured: the meta-device reference's fp32 Llama and Mixtral rows
+///   keep 1.07 × heads × s × 4 bytes per token per block more than the
+///   memory-efficient kernel (`benches/reference`, `attention_kernels`).
+///
+/// `own_modules`: the stack runs its own attention (LitGPT, torchtune,
+/// torchtitan, Megatron, Unsloth repeat K/V to every head themselves).
+pub fn sdpa_math_fallback(
+    ends: &Ends,
+    job: &ValidatedJob,
+    arch: &crate::api::arch::Arch,
+    own_modules: bool,
+    gpu: Architecture,
+) -> bool {
+    let facts = Facts::of(job);
+    let grouped = arch.kv_heads < arch.heads && !own_modules;
+    let head_dim = arch.head_dim;
+    let t = &job.spec.training;
+    let sixteen_bit = !matches!(
+        t.precision,
+        crate::api::Precision::Fp32 | crate::api::Precision::Tf32
+    );
+    let flash = sixteen_bit && gpu >= Architecture::Ampere && head_dim <= 256;
+    let unmasked = t.micro_batch_size == 1 || facts.batching == Some(Batching::Packed);
+    if t.attention != crate::api::Attention::Sdpa || !grouped || flash || !unmasked {
+        return false;
+    }
+    let runtime = &facts.runtime;
+    let known = match (runtime.transformers, runtime.pytorch) {
+        (Some(tf), Some(pt)) => Some(tf >= (4, 54) && pt >= (2, 5)),
+        (Some(tf), None) if tf < (4, 54) => Some(false),
+        (None, Some(pt)) if pt < (2, 5) => Some(false),
+        _ => None,
     };
-    ends.pick(Mechanism::Fragmentation, 0.0, point, high)
+    match known {
+        Some(math) => math,
+        None => ends.pick(Mechanism::SdpaMathFallback, 0.0, 0.0, 1.0) > 0.5,
+    }
 }
 
 /// cuDNN convolution workspace. PyTorch tries algorithms in cuDNN's
@@ -599,14 +677,28 @@ mod tests {
     }
 
     #[test]
-    fn expandable_segments_narrow_fragmentation() {
+    fn expandable_segments_and_fixed_shapes_narrow_fragmentation() {
+        // A 4096-wide block at 4096 tokens in bf16, 32 of them.
+        let t = 4096.0 * 4096.0 * 2.0;
+        let c = Churn {
+            blocks: 32.0,
+            saved: t * (6.0 + 3.0 * 2.6875),
+            width_ratio: 2.6875,
+            temp_forward: 2.0 * t,
+            temp_backward: 4.0 * t,
+            logits: 4096.0 * 128_256.0 * 4.0,
+            ..Churn::default()
+        };
         let mut f = Facts::default();
-        let high = fragmentation_share(&Ends::all(End::High), &f);
-        f.allocator.expandable_segments = true;
-        assert!(fragmentation_share(&Ends::all(End::High), &f) < high);
+        let share = |f: &Facts, end| fragmentation_share(&Ends::all(end), f, &c);
+        let high = share(&f, End::High);
+        assert!(share(&f, End::Point) < high);
+        assert_eq!(share(&f, End::Low), 0.0);
         f.batching = Some(Batching::Packed);
-        assert_eq!(fragmentation_share(&Ends::all(End::High), &f), 0.05);
-        assert_eq!(fragmentation_share(&Ends::all(End::Low), &f), 0.0);
+        assert!(share(&f, End::High) < high);
+        f.batching = None;
+        f.allocator.expandable_segments = true;
+        assert!(share(&f, End::High) < high);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use super::activations::{self, ActContext};
 use super::arch::{Arch, Kind};
 use super::bounds::{self, Ends, Facts};
+use super::caching::Churn;
 use super::gpus::{self, GpuProduct};
 use super::layers::LayerStack;
 use super::params::{self, Counts};
@@ -14,6 +15,10 @@ use crate::api::{
     Attention, Checkpointing, Loss, Offload, Optimizer, OptimizerImplementation, PipelineSchedule,
     Precision, Quantization, ResolvedModel, Strategy, TrainingMode, ValidatedJob,
 };
+
+mod quant;
+
+use quant::quantized_bytes;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -192,6 +197,8 @@ struct Stage {
     decode_temp: f64,
     large_tensors: f64,
     largest_tensor: f64,
+    /// What the step allocates and frees, for the caching allocator's replay.
+    churn: Churn,
 }
 
 pub struct StepModel {
@@ -213,36 +220,6 @@ fn precision_bytes(p: Precision) -> (f64, bool) {
     }
 }
 
-/// Stored bytes per quantized base-weight element, block constants included.
-fn quantized_bytes(job: &ValidatedJob, in_features: f64) -> Option<f64> {
-    let bits = f64::from(job.quantization_bits);
-    let group = job
-        .quantization_group
-        .map_or(in_features, |g| g as f64)
-        .max(1.0);
-    match job.quantization {
-        Quantization::None => None,
-        // LLM.int8: int8 weight + one fp32 scale per output row.
-        Quantization::Int8 => Some(1.0 + 4.0 / in_features.max(1.0)),
-        // NF4: 4 bits + an fp32 absmax per 64-element block.
-        Quantization::Nf4 => Some(0.5 + 4.0 / 64.0),
-        // Double quantization: 8-bit absmax per 64 + fp32 per 256 absmax blocks.
-        Quantization::Nf4Double => Some(0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)),
-        // GPTQ's `QuantLinear` buffers: `qweight` packs `bits` per weight into
-        // int32, `qzeros` `bits` per group and output, `scales` an fp16 per
-        // group and output, `g_idx` an int32 per input row (AutoGPTQ
-        // auto_gptq/nn_modules/qlinear/qlinear_exllamav2.py, `__init__`;
-        // GPTQModel's share the layout). The output width stands in for the
-        // input's in `g_idx`'s share.
-        Quantization::Gptq => {
-            Some(bits / 8.0 + (2.0 + bits / 8.0) / group + 4.0 / in_features.max(1.0))
-        }
-        // AWQ's `WQLinear_GEMM`: the same packing without `g_idx`
-        // (casper-hansen/AutoAWQ awq/modules/linear/gemm.py).
-        Quantization::Awq => Some(bits / 8.0 + (2.0 + bits / 8.0) / group),
-    }
-}
-
 impl StepModel {
     /// One model per pipeline stage worth checking (the first and the last
     /// when there are several; they hold the embedding and the head).
@@ -260,14 +237,14 @@ impl StepModel {
                     gpu,
                     profile,
                     ends,
-                    transformer_stage(job, arch, true, false, profile, ends),
+                    transformer_stage(job, gpu, arch, true, false, profile, ends),
                 ),
                 StepModel::with_stage(
                     job,
                     gpu,
                     profile,
                     ends,
-                    transformer_stage(job, arch, false, true, profile, ends),
+                    transformer_stage(job, gpu, arch, false, true, profile, ends),
                 ),
             ],
             _ => vec![StepModel::new(job, gpu, profile, ends)],
@@ -282,7 +259,7 @@ impl StepModel {
     ) -> StepModel {
         let stage = match &job.model {
             ResolvedModel::Transformer(arch) => {
-                transformer_stage(job, arch, true, true, profile, ends)
+                transformer_stage(job, gpu, arch, true, true, profile, ends)
             }
             ResolvedModel::Custom {
                 parameters,
@@ -459,7 +436,7 @@ impl StepModel {
             + peak.get(Component::Logits)
             + peak.get(Component::Temporaries);
         ROUNDING_PER_TENSOR * self.stage.large_tensors
-            + bounds::fragmentation_share(&self.ends, &self.facts) * churned
+            + bounds::fragmentation_share(&self.ends, &self.facts, &self.stage.churn) * churned
     }
 
     pub fn largest_tensor(&self) -> f64 {
@@ -558,6 +535,7 @@ fn optimizer_bytes(
 
 fn transformer_stage(
     job: &ValidatedJob,
+    gpu: &GpuProduct,
     arch: &Arch,
     first: bool,
     last: bool,
@@ -814,6 +792,7 @@ fn transformer_stage(
         peft: &method,
         checkpoint_every: t.checkpoint_every.unwrap_or(1).max(1) as f64,
         attention: t.attention,
+        sdpa_math: bounds::sdpa_math_fallback(ends, job, arch, profile.own_loss, gpu.architecture),
         sequence: s / cp,
         tensor_parallel: tp,
         sequence_parallel: p.sequence_parallel,
@@ -823,11 +802,7 @@ fn transformer_stage(
         scaled_linears: t.mode == TrainingMode::Adapter
             && t.trainable_parameters
                 .is_some_and(|n| n > ADAPTER_V2_RATIO * prefix_adapter_parameters(arch)),
-        act: if profile.own_loss {
-            crate::estimate::arch::Act::Fused
-        } else {
-            arch.act
-        },
+        act: activations::act_under(arch, profile.own_loss),
     };
     let full_block = activations::block_bytes_per_token(arch, &ctx, false);
     let kept_enc = activations::kept_bytes_per_token(arch, &ctx, t.gradient_checkpointing, false);
@@ -989,45 +964,8 @@ fn transformer_stage(
 
     // ---- Temporaries ----
     let i_width = arch.mlp_width_per_token() / tp;
-    // A 4-bit weight dequantized to fp16 is cast once more to a bf16 or fp32 compute dtype.
-    let cast_from_fp16 = if matches!(t.precision, Precision::Fp16 | Precision::Fp16Mixed) {
-        0.0
-    } else {
-        elem
-    };
-    let dequant = match job.quantization {
-        Quantization::None => 0.0,
-        Quantization::Int8 => largest_matrix * elem,
-        // bitsandbytes dequantizes a 4-bit weight to the dtype it was
-        // quantized from (fp16: Lightning quantizes from fp16, Transformers
-        // loads 4-bit models in fp16 by default) and then casts it to the
-        // compute dtype; both copies are live at the cast. torchao's NF4
-        // dequantizes straight to the input's dtype: one copy.
-        Quantization::Nf4 | Quantization::Nf4Double
-            if profile.quantization == QuantLibrary::Torchao =>
-        {
-            largest_matrix * elem
-        }
-        Quantization::Nf4 | Quantization::Nf4Double => largest_matrix * (2.0 + cast_from_fp16),
-        // GPTQModel's torch kernel unpacks the codes to int8 (int16 at 8
-        // bits), subtracts the zero points (as many again), scales to fp16
-        // and casts to the input's dtype (gptqmodel/nn_modules/qlinear,
-        // `dequantize_weight`, `_forward`).
-        Quantization::Gptq => {
-            let code = if job.quantization_bits > 4 { 2.0 } else { 1.0 };
-            largest_matrix * (2.0 * code + 2.0 + cast_from_fp16)
-        }
-        // AutoAWQ dequantizes to fp16 for the forward matmul.
-        Quantization::Awq => largest_matrix * 2.0,
-    };
-    // Backward of AWQ's `WQLinearMMFunction` dequantizes again, casts to the
-    // gradient's dtype and repeats the weight once per sample for a batched
-    // matmul (`weights.transpose(0, 1).unsqueeze(0).repeat(batch_size, 1, 1)`).
-    let dequant_backward = if job.quantization == Quantization::Awq {
-        largest_matrix * (2.0 + cast_from_fp16 + 2.0 * b)
-    } else {
-        dequant
-    };
+    let (dequant, dequant_backward) =
+        quant::transients(job, profile.quantization, t.precision, largest_matrix, b);
     let mlp_planes = match arch.mlp {
         crate::estimate::arch::Mlp::Gated => 3.0,
         crate::estimate::arch::Mlp::Standard => 2.0,
@@ -1042,13 +980,7 @@ fn transformer_stage(
     } else {
         0.0
     };
-    // Eager attention's backward holds the scores' gradients (fp32 softmax
-    // backward and the 16-bit gradient of the probabilities), s per head per token.
-    let scores_grad = if activations::attention_kind(arch, t.attention) == Attention::Eager {
-        (arch.heads as f64 / tp) * (s / cp) * (4.0 + elem) / elem
-    } else {
-        0.0
-    };
+    let scores_grad = activations::scores_grad(arch, &ctx, tp);
     let temp_backward = tokens * elem * bounds::backward_temporaries(ends, i_width, h, scores_grad)
         + dequant_backward
         + weight_grad_temp
@@ -1192,6 +1124,41 @@ fn transformer_stage(
         decode_temp,
         large_tensors,
         largest_tensor,
+        churn: Churn {
+            blocks: stage_blocks,
+            saved: activations_total / stage_blocks.max(1.0),
+            // The recomputed block's activations; its weight casts and
+            // dequantized weights are the weight transients below.
+            recompute: if recompute > 0.0 {
+                layer_activations
+            } else {
+                0.0
+            },
+            width_ratio: i_width / h.max(1.0),
+            temp_forward: (temp_forward - dequant).max(0.0),
+            temp_backward: (temp_backward - dequant_backward - recompute).max(0.0),
+            weight_forward: dequant,
+            weight_backward: dequant_backward,
+            gathered: if zero == 3 && !inference {
+                block_gathered
+            } else {
+                0.0
+            },
+            // One fp32 plane of the logits: the loss upcasts, takes the
+            // log-softmax and its gradient, each a plane.
+            logits: if logits_forward > 0.0 {
+                logit_tokens * vocab_rank * 4.0
+            } else {
+                0.0
+            },
+            // Without ZeRO each step's `.grad` tensors are allocated in
+            // backward and freed by `zero_grad(set_to_none=True)`.
+            grads: if zero == 0 {
+                grads / stage_blocks.max(1.0)
+            } else {
+                0.0
+            },
+        },
     }
 }
 
@@ -1324,6 +1291,11 @@ fn custom_stage(
         decode_temp: 0.0,
         large_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
         largest_tensor: (parameters / 100.0 * elem).min(4.0 * GIB),
+        churn: Churn {
+            blocks: 1.0,
+            saved: if inference { 0.0 } else { activations },
+            ..Churn::default()
+        },
     }
 }
 
@@ -1427,5 +1399,12 @@ fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends:
         decode_temp: 0.0,
         large_tensors: stack.parameter_tensors as f64,
         largest_tensor: (stack.largest_param_elems as f64 * r.weight.max(elem)).max(largest_act),
+        churn: Churn {
+            blocks: 1.0,
+            saved: if inference { 0.0 } else { activations },
+            temp_forward: largest_act,
+            temp_backward: bounds::backward_temporaries(ends, largest_act, 0.0, 0.0),
+            ..Churn::default()
+        },
     }
 }

@@ -1,3 +1,4 @@
+use super::replay::replays;
 use super::*;
 
 const M: u64 = 1 << 20;
@@ -89,7 +90,44 @@ fn llama_block() -> Churn {
         temp_backward: 4.0 * t,
         logits: 4096.0 * 128_256.0 * 4.0,
         grads: 0.0,
+        weight_forward: 0.0,
+        weight_backward: 0.0,
+        gathered: 0.0,
     }
+}
+
+/// A GPTQ-quantized 4096-wide block with a 14336-wide MLP at 512 tokens:
+/// each linear dequantizes its weight (the MLP's is 28 times a hidden-width
+/// activation) before its output is allocated.
+fn dequantizing_block() -> Churn {
+    let t = 512.0 * 4096.0 * 2.0;
+    Churn {
+        blocks: 32.0,
+        saved: t * (6.0 + 3.0 * 3.5),
+        width_ratio: 3.5,
+        temp_forward: 2.0 * t,
+        temp_backward: 4.0 * t,
+        logits: 512.0 * 128_256.0 * 4.0,
+        weight_forward: 28.0 * t,
+        weight_backward: 28.0 * t,
+        ..Churn::default()
+    }
+}
+
+#[test]
+fn saved_outputs_placed_in_freed_weight_blocks_strand_their_segments() {
+    // Best fit puts a linear's output in the block the previous linear's
+    // dequantized weight left: the segment then holds a saved tensor for
+    // the rest of the step and the next weight needs a segment of its own.
+    let (fixed, _) = stranded_share(&dequantizing_block(), Shapes::Fixed, false);
+    let (plain, _) = stranded_share(&llama_block(), Shapes::Fixed, false);
+    assert!(
+        fixed > 0.15 && fixed > 4.0 * plain,
+        "{fixed} against {plain}"
+    );
+    // One growing segment merges the freed weight with its neighbours.
+    let (expandable, _) = stranded_share(&dequantizing_block(), Shapes::Fixed, true);
+    assert!(expandable < fixed / 3.0, "{expandable} against {fixed}");
 }
 
 #[test]
