@@ -541,6 +541,18 @@ async fn the_webhook_answers_behind_its_service_and_helm_test_passes() {
         );
         return;
     };
+    // The test pod's image brings kubectl; here the one `.ci/tools.py` installs stands in.
+    let kubectl = cluster::root().join("target/ci-tools/bin/kubectl");
+    if !kubectl.exists() {
+        cluster::absent::<()>(
+            TEST,
+            &format!(
+                "{} is missing (`python3 .ci/tools.py` installs it)",
+                kubectl.display()
+            ),
+        );
+        return;
+    }
     let port = cluster::free_port();
     // The webhook alone (the operator's Lease is other tests' business), on a free port.
     let set_port = format!("webhook.port={port}");
