@@ -20,7 +20,7 @@ COPY kernels kernels
 COPY benches benches
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin vramguard \
+    cargo build --release --locked --no-default-features --bin vramguard \
     && install -D -m 0755 target/release/vramguard /out/vramguard
 
 # The builder's Debian release and distroless's match, so the binary's glibc is there.

@@ -5,6 +5,8 @@
 
 pub mod agent;
 pub mod api;
+/// The in-memory API server of `vramguard simulate` and the tests (feature `simulate`).
+#[cfg(feature = "simulate")]
 pub mod apiserver;
 pub mod cli;
 pub mod decide;
@@ -15,5 +17,6 @@ pub mod kueue;
 pub mod metrics;
 pub mod operator;
 pub mod plan;
+#[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod webhook;

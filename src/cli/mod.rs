@@ -12,6 +12,7 @@ pub mod problems;
 mod render;
 mod report;
 pub mod serve;
+#[cfg(feature = "simulate")]
 pub mod simulate;
 pub mod spec_flags;
 
@@ -70,6 +71,7 @@ pub enum Command {
     Agent(agent::AgentArgs),
     /// Run a scenario: webhook, operator and agents on simulated GPUs and trainers, with faults,
     /// side by side with vramguard off.
+    #[cfg(feature = "simulate")]
     Simulate(simulate::SimulateArgs),
 }
 
@@ -102,6 +104,7 @@ pub fn main() -> ExitCode {
         Command::Crds(args) => crds::run(&args, &mut std::io::stdout().lock()),
         Command::Serve(args) => run_async(cli.log_format, serve::run(args)),
         Command::Agent(args) => run_async(cli.log_format, agent::run(args)),
+        #[cfg(feature = "simulate")]
         Command::Simulate(args) => {
             // The simulated operator and agents log like real ones: warnings only.
             init_tracing_at(cli.log_format, "warn");

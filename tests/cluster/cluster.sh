@@ -11,7 +11,9 @@
 #
 # `up` writes target/cluster/kubeconfig (the cluster admin, a client certificate in
 # system:masters) and target/cluster/tokens.csv (bearer tokens of two plain users the tests
-# bind to `edit` and `view`). Ports: $VRAMGUARD_CLUSTER_PORT (kube-apiserver, default 16443),
+# bind to `edit` and `view`). kube-apiserver reaches webhook Services through their
+# EndpointSlices (--enable-aggregator-routing: there is no kube-proxy to route a ClusterIP),
+# so a webhook behind its Service is called at the address of a ready endpoint. Ports: $VRAMGUARD_CLUSTER_PORT (kube-apiserver, default 16443),
 # $VRAMGUARD_ETCD_PORT (etcd clients, default 12379; peers on the next port).
 set -euo pipefail
 
@@ -167,6 +169,7 @@ up() {
         --authorization-mode RBAC \
         --enable-admission-plugins NamespaceLifecycle,ServiceAccount,PodSecurity,ValidatingAdmissionWebhook,MutatingAdmissionWebhook,ValidatingAdmissionPolicy,ResourceQuota,LimitRanger \
         --allow-privileged=true --profiling=false \
+        --enable-aggregator-routing=true \
         --enable-priority-and-fairness=false \
         --v 1
     wait_for apiserver_ready 180 "$RUN/kube-apiserver.log"
