@@ -11,6 +11,14 @@
 //!
 //!     cargo bench --bench simulate
 //!     VRAMGUARD_BENCH_JOBS=1000 VRAMGUARD_BENCH_GPUS=100 cargo bench --bench simulate
+//!
+//! Measured with `/usr/bin/time -v` on the bench binary, 2 cores shared with
+//! other builds: 10 000 jobs on 1 000 GPUs hold every invariant (0 OOMs
+//! against 2 020 with no guard, 9 992 succeeded against 9 495), peak RSS
+//! 749 MiB (1.37 GiB before the API server kept objects as JSON), 315 s of
+//! CPU and 697 s of wall time at 45 % of a core. The target of under 60 s is
+//! not met; 1 000 jobs on 104 GPUs: 143 MiB (314 MiB before), about 15 s of
+//! CPU.
 
 use std::time::Instant;
 

@@ -237,3 +237,63 @@ async fn reflector_recovers_from_dropped_watches_and_compaction() {
     assert_eq!(lists, 2, "one initial list and one after 410 Expired");
     driver.abort();
 }
+
+/// An agent's status write changes one GpuNode: the next snapshot updates
+/// that node in the node list the last one built, in place, instead of
+/// copying every node of the cluster again (what made each review cost
+/// nodes × jobs on a large cluster). A snapshot still held elsewhere keeps
+/// what it saw.
+#[tokio::test]
+async fn a_status_write_updates_the_node_list_in_place() {
+    let server = ApiServer::start().await;
+    for i in 0..8 {
+        server.put(&gpu_node(&format!("gpu-{i}"), &[70 * GIB]));
+    }
+    let (source, driver) = reflect::start(server.client());
+    let driver = tokio::spawn(driver);
+    let s = wait_for(&source, "8 nodes", |s| s.synced && s.nodes.len() == 8).await;
+    let list = std::sync::Arc::as_ptr(&s.nodes) as usize;
+    let generation = s.generation();
+    drop(s);
+
+    let api: Api<GpuNode> = Api::all(server.client());
+    let mut probe = gpu_node("gpu-3", &[10 * GIB]);
+    probe.metadata = ObjectMeta::default();
+    let patch = json!({
+        "apiVersion": "vramguard.io/v1alpha1",
+        "kind": "GpuNode",
+        "status": probe.status,
+    });
+    let params = PatchParams::apply("vramguard-agent").force();
+    api.patch_status("gpu-3", &params, &Patch::Apply(&patch))
+        .await
+        .expect("status applied");
+    let s = wait_for(&source, "gpu-3's new free memory", |s| {
+        free_of(s, "gpu-3") == [10 * GIB]
+    })
+    .await;
+    assert_eq!(std::sync::Arc::as_ptr(&s.nodes) as usize, list);
+    assert_ne!(s.generation(), generation);
+    assert_eq!(names(&s).len(), 8);
+    assert_eq!(free_of(&s, "gpu-2"), [70 * GIB]);
+
+    // Held: the next change leaves it as it was.
+    let held = s;
+    let mut probe = gpu_node("gpu-5", &[20 * GIB]);
+    probe.metadata = ObjectMeta::default();
+    let patch = json!({
+        "apiVersion": "vramguard.io/v1alpha1",
+        "kind": "GpuNode",
+        "status": probe.status,
+    });
+    api.patch_status("gpu-5", &params, &Patch::Apply(&patch))
+        .await
+        .expect("status applied");
+    let s = wait_for(&source, "gpu-5's new free memory", |s| {
+        free_of(s, "gpu-5") == [20 * GIB]
+    })
+    .await;
+    assert_eq!(free_of(&held, "gpu-5"), [70 * GIB]);
+    assert_eq!(free_of(&s, "gpu-3"), [10 * GIB]);
+    driver.abort();
+}

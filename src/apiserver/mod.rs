@@ -53,7 +53,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
@@ -66,6 +66,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
+
+mod patch;
+use patch::json_patch;
+pub use patch::merge_patch;
 
 /// A resource type as the URL names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -132,8 +136,12 @@ struct Event {
     ns: String,
     ty: EventType,
     old: Option<Value>,
-    /// The object as stored by this event (shared with the store: no copy).
-    new: Arc<Stored>,
+    /// What a selector reads of the object as this event stored it.
+    view: Value,
+    /// The object's JSON as this event stored it (shared with the store and
+    /// every reader: no copy). Only the JSON: a version the store has moved
+    /// past keeps no parsed copy in the history, a third of its size.
+    json: Bytes,
 }
 
 /// One version of an object as stored, and its JSON, written once when first
@@ -142,29 +150,45 @@ struct Event {
 /// serialized once, not once per reader, and no reader copies the object.
 #[derive(Debug)]
 struct Stored {
-    value: Value,
-    json: OnceLock<Bytes>,
+    /// `apiVersion`, `kind` and `metadata`: all that selectors, owner
+    /// references, finalizers and preconditions read.
+    head: Value,
+    json: Bytes,
 }
 
 impl Stored {
+    /// The object kept as its JSON and its head only: a parsed copy of every
+    /// object would triple what a day of ten thousand jobs keeps.
     fn new(value: Value) -> Arc<Stored> {
+        let json = Bytes::from(value.to_string());
+        let mut head = Map::new();
+        if let Value::Object(mut m) = value {
+            for k in ["apiVersion", "kind", "metadata"] {
+                if let Some(v) = m.remove(k) {
+                    head.insert(k.into(), v);
+                }
+            }
+        }
         Arc::new(Stored {
-            value,
-            json: OnceLock::new(),
+            head: Value::Object(head),
+            json,
         })
     }
 
     fn json(&self) -> Bytes {
-        self.json
-            .get_or_init(|| Bytes::from(self.value.to_string()))
-            .clone()
+        self.json.clone()
+    }
+
+    /// The whole object, read back from its JSON.
+    fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 }
 
 impl std::ops::Deref for Stored {
     type Target = Value;
     fn deref(&self) -> &Value {
-        &self.value
+        &self.head
     }
 }
 
@@ -393,7 +417,7 @@ impl ApiServer {
                 inner.commit(&self.shared, &key, Some(value), false)
             }
         };
-        stored.expect("stored").value.clone()
+        stored.expect("stored").value()
     }
 
     /// [`ApiServer::get`] for a resource no Rust type names.
@@ -403,11 +427,7 @@ impl ApiServer {
             namespace.unwrap_or("").to_string(),
             name.to_string(),
         );
-        self.shared
-            .lock()
-            .objects
-            .get(&key)
-            .map(|s| s.value.clone())
+        self.shared.lock().objects.get(&key).map(|s| s.value())
     }
 
     /// The stored object, if any.
@@ -421,7 +441,7 @@ impl ApiServer {
             name.to_string(),
         );
         let v = self.shared.lock().objects.get(&key).cloned()?;
-        Some(serde_json::from_value(v.value.clone()).expect("deserialize"))
+        Some(serde_json::from_slice(&v.json).expect("deserialize"))
     }
 
     /// Delete an object as `DELETE` would (finalizers and owner references
@@ -454,7 +474,7 @@ impl ApiServer {
             .objects
             .iter()
             .filter(|((r, _, _), _)| *r == res)
-            .map(|(_, v)| serde_json::from_value(v.value.clone()).expect("deserialize"))
+            .map(|(_, v)| serde_json::from_slice(&v.json).expect("deserialize"))
             .collect()
     }
 
@@ -592,16 +612,14 @@ impl Inner {
         let (ty, mut obj) = match (new, &old) {
             (Some(v), None) => (EventType::Added, v),
             (Some(v), Some(_)) => (EventType::Modified, v),
-            (None, Some(o)) => (EventType::Deleted, o.value.clone()),
+            (None, Some(o)) => (EventType::Deleted, o.value()),
             (None, None) => {
                 self.rv -= 1;
                 return None;
             }
         };
-        if bump_generation
-            && let Some(o) = &old
-            && differs_beyond_meta_and_status(o, &obj)
-        {
+        // The caller has compared the objects beyond metadata and status.
+        if bump_generation && let Some(o) = &old {
             let g = o["metadata"]["generation"].as_i64().unwrap_or(0);
             obj["metadata"]["generation"] = json!(g + 1);
         }
@@ -618,7 +636,8 @@ impl Inner {
             ns: key.1.clone(),
             ty,
             old: old.as_deref().map(|o| selector_view(o)),
-            new: obj.clone(),
+            view: selector_view(&obj),
+            json: obj.json(),
         });
         if let Some(limit) = self.history_limit
             && self.events.len() > limit.saturating_mul(2)
@@ -641,7 +660,7 @@ impl Inner {
             if obj["metadata"]["deletionTimestamp"].is_string() {
                 return Some(obj);
             }
-            let mut o = obj.value.clone();
+            let mut o = obj.value();
             o["metadata"]["deletionTimestamp"] = json!(now_time());
             o["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             return self.commit(shared, key, Some(o), false);
@@ -803,112 +822,6 @@ impl Selector {
             Req::NotIn(k, vs) => label(k).is_none_or(|l| !vs.iter().any(|v| v == l)),
         })
     }
-}
-
-// ---------------------------------------------------------------------------
-// Patches
-// ---------------------------------------------------------------------------
-
-/// RFC 7386 JSON merge patch.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Some(p) = patch.as_object() else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    let t = target.as_object_mut().expect("object");
-    for (k, v) in p {
-        if v.is_null() {
-            t.remove(k);
-        } else {
-            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-        }
-    }
-}
-
-fn pointer_parts(path: &str) -> Result<Vec<String>, String> {
-    if path.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| format!("bad JSON pointer {path}"))?;
-    Ok(rest
-        .split('/')
-        .map(|p| p.replace("~1", "/").replace("~0", "~"))
-        .collect())
-}
-
-fn json_patch(target: &mut Value, ops: &Value) -> Result<(), String> {
-    let ops = ops.as_array().ok_or("a JSON patch is an array")?;
-    for op in ops {
-        let path = op["path"].as_str().ok_or("op without path")?;
-        let mut parts = pointer_parts(path)?;
-        let last = parts.pop().ok_or("op on the whole document")?;
-        let parent_path = parts
-            .iter()
-            .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
-            .collect::<String>();
-        let parent = target
-            .pointer_mut(&parent_path)
-            .ok_or_else(|| format!("path {path} does not exist"))?;
-        match op["op"].as_str() {
-            Some("add") | Some("replace") => {
-                let value = op["value"].clone();
-                match parent {
-                    Value::Object(m) => {
-                        if op["op"] == "replace" && !m.contains_key(&last) {
-                            return Err(format!("path {path} does not exist"));
-                        }
-                        m.insert(last, value);
-                    }
-                    Value::Array(a) => {
-                        if last == "-" {
-                            a.push(value);
-                        } else {
-                            let i: usize = last.parse().map_err(|_| format!("bad index {last}"))?;
-                            if op["op"] == "replace" {
-                                *a.get_mut(i).ok_or("index out of range")? = value;
-                            } else if i <= a.len() {
-                                a.insert(i, value);
-                            } else {
-                                return Err("index out of range".into());
-                            }
-                        }
-                    }
-                    _ => return Err(format!("path {path} is not in a container")),
-                }
-            }
-            Some("remove") => match parent {
-                Value::Object(m) => {
-                    m.remove(&last)
-                        .ok_or_else(|| format!("path {path} does not exist"))?;
-                }
-                Value::Array(a) => {
-                    let i: usize = last.parse().map_err(|_| format!("bad index {last}"))?;
-                    if i >= a.len() {
-                        return Err("index out of range".into());
-                    }
-                    a.remove(i);
-                }
-                _ => return Err(format!("path {path} is not in a container")),
-            },
-            Some("test") => {
-                let cur = match parent {
-                    Value::Object(m) => m.get(&last),
-                    Value::Array(a) => last.parse::<usize>().ok().and_then(|i| a.get(i)),
-                    _ => None,
-                };
-                if cur != Some(&op["value"]) {
-                    return Err(format!("test failed at {path}"));
-                }
-            }
-            other => return Err(format!("unsupported JSON patch op {other:?}")),
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -1408,6 +1321,7 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     };
     let mut inner = shared.lock();
     let old = inner.objects.get(&key).cloned();
+    let old_value = old.as_ref().map(|o| o.value());
     // The precondition a body may carry.
     let wanted_rv = match &w {
         Write::Replace(b) | Write::Apply(b) | Write::Merge(b) => b["metadata"]["resourceVersion"]
@@ -1416,7 +1330,7 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
             .map(str::to_string),
         Write::Json(_) => None,
     };
-    let (mut new, created) = match (old.clone(), w) {
+    let (mut new, created) = match (old_value.as_ref(), w) {
         (None, Write::Apply(body)) if !status_only => {
             let mut b = body;
             if !b.is_object() {
@@ -1444,12 +1358,10 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
             (body, false)
         }
         (Some(old), Write::Apply(patch) | Write::Merge(patch)) => {
-            let mut o = old.value.clone();
-            merge_patch(&mut o, &patch);
-            (o, false)
+            (patch::merged(old, patch), false)
         }
         (Some(old), Write::Json(ops)) => {
-            let mut o = old.value.clone();
+            let mut o = old.clone();
             if let Err(e) = json_patch(&mut o, &ops) {
                 return status_response(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -1500,12 +1412,10 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     if let Some(old) = &old {
         keep_server_metadata(&mut new, old);
         if status_only {
-            // Only the status changes through the subresource: everything
-            // else as stored (copied field by field around the new status,
-            // not the whole stored object copied again).
+            // Only the status changes, through the subresource.
             let status = new.as_object_mut().and_then(|m| m.remove("status"));
             let mut o = Map::new();
-            if let Some(m) = old.as_object() {
+            if let Some(m) = old_value.as_ref().and_then(Value::as_object) {
                 for (k, v) in m {
                     if k != "status" {
                         o.insert(k.clone(), v.clone());
@@ -1517,7 +1427,7 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
             }
             new = Value::Object(o);
         } else if !inner.no_status_subresource.contains(&t.res) {
-            match old.get("status") {
+            match old_value.as_ref().and_then(|o| o.get("status")) {
                 Some(s) => new["status"] = s.clone(),
                 None => {
                     if let Some(m) = new.as_object_mut() {
@@ -1539,7 +1449,7 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     // spec every interval must not wake every watcher).
     if let Some(old) = &old {
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
-        if new == old.value {
+        if Some(&new) == old_value.as_ref() {
             return stored_response(StatusCode::OK, old);
         }
     }
@@ -1548,7 +1458,8 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     } else {
         StatusCode::OK
     };
-    let stored = inner.commit(shared, &key, Some(new), !created);
+    let bump = matches!(&old_value, Some(o) if differs_beyond_meta_and_status(o, &new));
+    let stored = inner.commit(shared, &key, Some(new), bump);
     // The last finalizer removed from an object being deleted: it goes now.
     if let Some(s) = &stored
         && s["metadata"]["deletionTimestamp"].is_string()
@@ -1629,7 +1540,7 @@ fn delete_collection(
         } else {
             inner.delete(shared, &k, true)
         };
-        items.extend(v.map(|s| s.value.clone()));
+        items.extend(v.map(|s| s.value()));
     }
     let kind = format!("{}List", inner.kind_of(&t.res));
     json_response(
@@ -1671,13 +1582,12 @@ fn line(v: &Value) -> Bytes {
 
 /// `{"type": ty, "object": object}` and a newline, around the stored
 /// object's JSON (made once per version, whatever the number of watches).
-fn event_line(ty: &str, object: &Stored) -> Bytes {
-    let json = object.json();
+fn event_line(ty: &str, json: &Bytes) -> Bytes {
     let mut s = Vec::with_capacity(json.len() + ty.len() + 24);
     s.extend_from_slice(b"{\"type\":\"");
     s.extend_from_slice(ty.as_bytes());
     s.extend_from_slice(b"\",\"object\":");
-    s.extend_from_slice(&json);
+    s.extend_from_slice(json);
     s.extend_from_slice(b"}\n");
     Bytes::from(s)
 }
@@ -1716,7 +1626,7 @@ impl Watching {
                 continue;
             }
             let was = e.old.as_ref().is_some_and(|o| self.sel.matches(o));
-            let is = self.sel.matches(&e.new);
+            let is = self.sel.matches(&e.view);
             let ty = match (e.ty, was, is) {
                 (EventType::Deleted, true, _) => "DELETED",
                 (EventType::Deleted, false, _) => continue,
@@ -1725,7 +1635,7 @@ impl Watching {
                 (_, true, false) => "DELETED",
                 (_, false, false) => continue,
             };
-            self.pending.push_back(event_line(ty, &e.new));
+            self.pending.push_back(event_line(ty, &e.json));
         }
         self.cursor = inner.rv;
     }
@@ -1788,7 +1698,7 @@ fn start_watch(
     let cursor = if rv.is_empty() || rv == "0" || send_initial {
         for (k, v) in &inner.objects {
             if in_scope(t, k) && sel.matches(v) {
-                pending.push_back(event_line("ADDED", v));
+                pending.push_back(event_line("ADDED", &v.json()));
             }
         }
         inner.rv

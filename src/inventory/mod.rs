@@ -68,8 +68,19 @@ impl Snapshot {
         synced: bool,
         as_of_unix: Option<i64>,
     ) -> Snapshot {
+        Snapshot::shared(Arc::new(nodes), refreshed_unix, synced, as_of_unix)
+    }
+
+    /// A snapshot of a node list already shared (the reflectors update
+    /// theirs in place); a new generation all the same.
+    pub fn shared(
+        nodes: Arc<Vec<GpuNode>>,
+        refreshed_unix: Option<i64>,
+        synced: bool,
+        as_of_unix: Option<i64>,
+    ) -> Snapshot {
         Snapshot {
-            nodes: Arc::new(nodes),
+            nodes,
             refreshed_unix,
             synced,
             as_of_unix,

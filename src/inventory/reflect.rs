@@ -28,21 +28,110 @@ pub struct Reflected {
     /// takes a snapshot, and copying every node and counting products each
     /// time costs far more than the review itself on a cluster of any size.
     cache: Arc<Mutex<Option<(u64, Snapshot)>>>,
+    /// What the last build was made from, to update it in place.
+    built: Arc<Mutex<Option<Built>>>,
+}
+
+/// The stores' objects a snapshot was built from (the stores hand out a new
+/// `Arc` for every version, so an unchanged pointer is an unchanged object),
+/// and the merged node list built from them.
+struct Built {
+    gpu_nodes: Vec<Arc<GpuNode>>,
+    nodes: Vec<Arc<Node>>,
+    profiles: Vec<Arc<MemoryProfile>>,
+    merged: Arc<Vec<GpuNode>>,
+    ratios: Arc<std::collections::HashMap<String, f64>>,
+    /// GpuNode object name → its index in `merged`.
+    at: std::collections::HashMap<String, usize>,
+}
+
+fn same<K>(a: &[Arc<K>], b: &[Arc<K>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+}
+
+fn by_name<K: kube::Resource>(mut v: Vec<Arc<K>>) -> Vec<Arc<K>> {
+    v.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    v
 }
 
 impl Reflected {
+    /// The merged inventory, updated from the last one where only GpuNode
+    /// statuses changed (the agents' every publish): each changed node is
+    /// copied, not every node; the node list is copied whole only when
+    /// another snapshot still shares it or the set of nodes changed.
     fn build(&self) -> Snapshot {
-        let gpu_nodes: Vec<GpuNode> = self
-            .gpu_nodes
-            .state()
-            .iter()
-            .map(|g| (**g).clone())
-            .collect();
-        let nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
-        let mut snapshot = Snapshot::new(merge(gpu_nodes, &nodes), None, false, None);
-        let profiles = self.profiles.state();
-        snapshot.profiles = Arc::new(profile_ratios(profiles.iter().map(|p| &**p)));
+        let gpu_nodes = by_name(self.gpu_nodes.state());
+        let nodes = by_name(self.nodes.state());
+        let profiles = by_name(self.profiles.state());
+        let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        let updated = built
+            .take()
+            .and_then(|b| Self::update(b, &gpu_nodes, &nodes, &profiles));
+        let b = updated.unwrap_or_else(|| {
+            let owned: Vec<GpuNode> = gpu_nodes.iter().map(|g| (**g).clone()).collect();
+            let plain: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+            let merged = merge(owned, &plain);
+            let at = gpu_nodes
+                .iter()
+                .filter_map(|g| {
+                    // Name and uid: a node's synthetic GpuNode has no uid.
+                    let i = merged.iter().position(|m| {
+                        m.metadata.name == g.metadata.name && m.metadata.uid == g.metadata.uid
+                    })?;
+                    Some((g.metadata.name.clone()?, i))
+                })
+                .collect();
+            Built {
+                gpu_nodes,
+                nodes,
+                ratios: Arc::new(profile_ratios(profiles.iter().map(|p| &**p))),
+                profiles,
+                merged: Arc::new(merged),
+                at,
+            }
+        });
+        let mut snapshot = Snapshot::shared(b.merged.clone(), None, false, None);
+        snapshot.profiles = b.ratios.clone();
+        *built = Some(b);
         snapshot
+    }
+
+    /// `b` brought up to the stores' objects, or None when it must be built
+    /// again (a GpuNode or Node came or went, or a Node changed).
+    fn update(
+        mut b: Built,
+        gpu_nodes: &[Arc<GpuNode>],
+        nodes: &[Arc<Node>],
+        profiles: &[Arc<MemoryProfile>],
+    ) -> Option<Built> {
+        if b.gpu_nodes.len() != gpu_nodes.len()
+            || b.at.len() != gpu_nodes.len()
+            || !same(&b.nodes, nodes)
+        {
+            return None;
+        }
+        for (old, new) in b.gpu_nodes.iter().zip(gpu_nodes) {
+            if old.metadata.name != new.metadata.name || old.spec.node_name != new.spec.node_name {
+                return None;
+            }
+        }
+        let changed: Vec<usize> = (0..gpu_nodes.len())
+            .filter(|&i| !Arc::ptr_eq(&b.gpu_nodes[i], &gpu_nodes[i]))
+            .collect();
+        if !changed.is_empty() {
+            let merged = Arc::make_mut(&mut b.merged);
+            for i in changed {
+                let name = gpu_nodes[i].metadata.name.as_deref().unwrap_or_default();
+                let &at = b.at.get(name)?;
+                merged[at] = (*gpu_nodes[i]).clone();
+            }
+            b.gpu_nodes = gpu_nodes.to_vec();
+        }
+        if !same(&b.profiles, profiles) {
+            b.ratios = Arc::new(profile_ratios(profiles.iter().map(|p| &**p)));
+            b.profiles = profiles.to_vec();
+        }
+        Some(b)
     }
 }
 
@@ -58,6 +147,9 @@ impl Source for Reflected {
             match &*cache {
                 Some((v, s)) if *v == version => s.clone(),
                 _ => {
+                    // Let go of the last one first, so that the node list it
+                    // shares can be updated in place.
+                    *cache = None;
                     let s = self.build();
                     *cache = Some((version, s.clone()));
                     s
@@ -131,6 +223,7 @@ pub fn start(client: Client) -> (Reflected, impl Future<Output = ()> + Send + 's
         refreshed: refreshed.clone(),
         version: version.clone(),
         cache: Arc::new(Mutex::new(None)),
+        built: Arc::new(Mutex::new(None)),
     };
     let gpu_api: Api<GpuNode> = Api::all(client.clone());
     let node_api: Api<Node> = Api::all(client.clone());

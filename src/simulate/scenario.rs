@@ -449,9 +449,9 @@ pub const MAX_JOBS: u64 = 50_000;
 /// Memory a simulated job takes over a whole run (its objects in the API
 /// server, the operator's and the reflectors' copies, its records, and the
 /// baseline run's share), with room above what was measured: the generated
-/// day of `cargo bench --bench simulate` peaks at 1.37 GiB for 10 000 jobs
-/// (144 KiB a job, measured with `/usr/bin/time -v`), the `burst` scenario
-/// with 20 000 waiting jobs at 440 MiB.
+/// day of `cargo bench --bench simulate` peaked at 1.37 GiB for 10 000 jobs,
+/// 749 MiB (77 KiB a job) since the API server keeps objects as JSON (with
+/// `/usr/bin/time -v`); the `burst` scenario at 440 MiB before that.
 pub const MEMORY_PER_JOB: u64 = 160 * 1024;
 
 /// Read and check a scenario.
