@@ -122,15 +122,10 @@ async fn create(client: &Client, job: &Value) -> Answer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn examples_are_judged_by_the_webhook_through_the_api_server() {
-    let Some(client) = cluster::connect(TEST).await else {
-        return;
-    };
-    let Some(helm) = cluster::helm(TEST) else {
-        return;
-    };
-
     // The chart as a user installs it, with the CA and certificate it generates.
-    cluster::install_chart(&client, &helm, &[]).await;
+    let Some((client, _helm)) = cluster::with_chart(TEST).await else {
+        return;
+    };
     let path = cluster::webhook_configuration_path();
     let installed = cluster::send(&client, Method::GET, &path, JSON, &Value::Null).await;
     assert_eq!(installed.status, 200, "{}", installed.body);

@@ -83,13 +83,9 @@ fn decode(b64: &Value) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_upgrade_keeps_the_generated_ca() {
     let _serial = SERIAL.lock().await;
-    let Some(client) = cluster::connect(TEST).await else {
+    let Some((client, helm)) = cluster::with_chart(TEST).await else {
         return;
     };
-    let Some(helm) = cluster::helm(TEST) else {
-        return;
-    };
-    cluster::install_chart(&client, &helm, &[]).await;
     let hooks = cluster::webhook_configuration_path();
     let secret = get(&client, secret_path()).await.expect("the TLS Secret");
     let config = get(&client, &hooks)

@@ -419,13 +419,9 @@ async fn submit(client: &Client, ns: &str, name: &str, yaml: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_is_placed_run_by_the_job_controller_and_retried_smaller_after_a_gpu_oom() {
     let _serial = SERIAL.lock().await;
-    let Some(client) = cluster::connect(TEST).await else {
+    let Some((client, _helm)) = cluster::with_chart(TEST).await else {
         return;
     };
-    let Some(helm) = cluster::helm(TEST) else {
-        return;
-    };
-    cluster::install_chart(&client, &helm, &[]).await;
     let scratch = cluster::scratch(TEST);
 
     register_node(&client, NODE).await;
@@ -523,13 +519,9 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_node_job_gets_an_indexed_job_its_service_and_one_pod_per_node() {
     let _serial = SERIAL.lock().await;
-    let Some(client) = cluster::connect(TEST).await else {
+    let Some((client, _helm)) = cluster::with_chart(TEST).await else {
         return;
     };
-    let Some(helm) = cluster::helm(TEST) else {
-        return;
-    };
-    cluster::install_chart(&client, &helm, &[]).await;
     let scratch = cluster::scratch("e2e_operator_multi_node");
     let nodes = ["gpu-e2e-b", "gpu-e2e-c"];
     for node in nodes {
@@ -673,13 +665,9 @@ async fn reported_by(client: &Client, name: &str, reason: &str) -> Option<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_leader_is_killed_the_other_operator_takes_the_lease_and_reconciles() {
     let _serial = SERIAL.lock().await;
-    let Some(client) = cluster::connect(TEST).await else {
+    let Some((client, _helm)) = cluster::with_chart(TEST).await else {
         return;
     };
-    let Some(helm) = cluster::helm(TEST) else {
-        return;
-    };
-    cluster::install_chart(&client, &helm, &[]).await;
     let scratch = cluster::scratch("e2e_operator_leader");
     let node = "gpu-e2e-l";
     register_node(&client, node).await;

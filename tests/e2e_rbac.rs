@@ -102,13 +102,9 @@ async fn check_denied(client: &Client, who: &(String, Vec<String>), denied: &[(&
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_grants_what_the_code_calls_and_not_more() {
-    let Some(client) = cluster::connect(TEST).await else {
+    let Some((client, _helm)) = cluster::with_chart(TEST).await else {
         return;
     };
-    let Some(helm) = cluster::helm(TEST) else {
-        return;
-    };
-    cluster::install_chart(&client, &helm, &[]).await;
     cluster::namespace(&client, NS, json!({})).await;
 
     let controller = service_account(RELEASE);

@@ -238,6 +238,16 @@ pub const RELEASE: &str = "vramguard";
 pub const RELEASE_NS: &str = "vramguard-system";
 pub const JSON: &str = "application/json";
 
+/// The client and helm of a test that needs the chart installed as a user installs it
+/// ([`install_chart`] with no `--set`); `None` (the test skips, saying why) when either is
+/// absent.
+pub async fn with_chart(test: &str) -> Option<(Client, PathBuf)> {
+    let client = connect(test).await?;
+    let helm = helm(test)?;
+    install_chart(&client, &helm, &[]).await;
+    Some((client, helm))
+}
+
 /// `helm upgrade --install` of charts/vramguard as release `vramguard` in
 /// `vramguard-system`, with `tls.mode=generated` and `sets`. The webhook configuration an
 /// earlier test pointed at its own server ([`point_webhook_at`]) goes first: helm applies
