@@ -213,8 +213,9 @@ def hf_dict(cfg):
     return _plain(d)
 
 
-def job(rid, c, cfg=None, trainable=None):
-    """The TrainingJob that describes run `rid`, as a dict."""
+def job(rid, c, cfg=None, trainable=None, adapted=None):
+    """The TrainingJob that describes run `rid`, as a dict. `adapted`: the modules the
+    PEFT method wrapped, by their leaf name, as the user's config would list them."""
     fam = c["family"]
     model = {}
     if fam in VISION:
@@ -234,6 +235,7 @@ def job(rid, c, cfg=None, trainable=None):
     elif peft != "none":
         training["mode"] = "adapter"
         training["trainableParameters"] = trainable
+        training["peft"] = peft_spec(peft, adapted)
     else:
         training["mode"] = "full"
     training.update(
@@ -244,6 +246,31 @@ def job(rid, c, cfg=None, trainable=None):
     return {"apiVersion": "vramguard.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": rid.replace(".", "-")},
             "spec": {"model": model, "training": training, "parallelism": {"gpus": 1}}}
+
+
+def peft_spec(method, adapted):
+    """The contract's `training.peft` for a sweep method: what `apply_peft` configured,
+    with the modules it actually wrapped (a target the model does not have, such as
+    Mixtral's `w2` once its experts are one 3-D weight, is not adapted)."""
+    spec = {"method": {"ia3": "ia3", "vera": "vera", "prompt": "prompt-tuning",
+                       "ln": "ln-tuning"}[method]}
+    if method in ("ia3", "vera"):
+        spec["targetModules"] = list(adapted or [])
+    if method == "vera":
+        spec["rank"] = 256
+    if method == "prompt":
+        spec["virtualTokens"] = 20
+    return spec
+
+
+def adapted_modules(model, method):
+    """Leaf names of the modules `method` wrapped (IA3's `ia3_l`, VeRA's `vera_lambda_b`)."""
+    attr = {"ia3": "ia3_l", "vera": "vera_lambda_b"}.get(method)
+    if attr is None:
+        return []
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if hasattr(m, attr) and not name.endswith(attr)
+                   and hasattr(m, "base_layer")})
 
 
 # ---------------------------------------------------------------- the run ---
@@ -355,8 +382,10 @@ def run_one(c):
     amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(c["precision"])
     tracker = Tracker(vocab=vocab)
     sem = GpuSemantics(tracker, amp)
+    adapted = []
     if c["peft"] != "none":
         model = apply_peft(model, c["peft"], fam)
+        adapted = adapted_modules(model, c["peft"])
     if c["precision"] in ("bf16", "fp16"):
         model = model.to(torch.bfloat16 if c["precision"] == "bf16" else torch.float16)
     if c["ckpt"] == "full":
@@ -439,6 +468,7 @@ def run_one(c):
     r = tracker.result()
     r["kernels"] = sem.kernels
     r["trainable"] = trainable
+    r["adapted"] = adapted
     r["seconds"] = round(time.time() - t0, 2)
     return r, cfg
 
@@ -514,7 +544,7 @@ def worker(item):
         r, cfg = run_one(c)
     except Exception as e:  # reported, and the sweep goes on
         return rid, None, f"{type(e).__name__}: {e}"
-    return rid, dict(result=r, job=job(rid, c, cfg, r["trainable"])), None
+    return rid, dict(result=r, job=job(rid, c, cfg, r["trainable"], r["adapted"])), None
 
 
 def progress_wanted(choice, stream, environ):
