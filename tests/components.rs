@@ -530,3 +530,52 @@ training: {stack: hf-trainer, mode: full, microBatchSize: 1, sequenceLength: 204
         .map_or(0, |m| m.above_bytes) as f64;
     assert!(spread > probabilities, "{spread} against {probabilities}");
 }
+
+#[test]
+fn a_compiled_block_keeps_the_partitioners_cut_and_eagers_set_bounds_it() {
+    // Llama 3.2 1B (hidden 2048, 32 heads over 8 K/V heads of 64, MLP 8192,
+    // 16 blocks) in bf16 at 2 × 1024 tokens with flash-capable SDPA. Eager
+    // keeps per token per block: two RMSNorms with their fp32 input and fp32
+    // normalised copy and the 16-bit output (2 × 10 h), SDPA's q, repeated k
+    // and v, output and log-sum-exp (4 q × 2 + 32 × 4), the MLP's gate, SiLU
+    // output, up and product (4 × 2 i). Compiled, the partitioner's cut keeps
+    // each norm's input and output and a statistic (2 × (4 h + 8)), q, k and
+    // v at their own width, the output and the log-sum-exp
+    // (2 (q + 2 kv) + 2 q + 128) and gate, up and product (3 × 2 i).
+    let spec = "model: {preset: llama-3.2-1b}
+training: {stack: hf-trainer, mode: MODE, microBatchSize: 2, sequenceLength: 1024, precision: bf16, attention: sdpa, optimizerImplementation: fused, batching: packed, compile: COMPILE}
+";
+    let job = |mode: &str, compile: bool| {
+        est_on(
+            &spec
+                .replace("MODE", mode)
+                .replace("COMPILE", &compile.to_string()),
+            "h100-80gb",
+        )
+    };
+    let activations = |e: &Estimate| at(e, StepPhase::ForwardEnd, Component::Activations);
+    let (h, q, kv, i) = (2048.0, 2048.0, 512.0, 8192.0);
+    let eager_block = 2.0 * 10.0 * h + (8.0 * q + 128.0) + 8.0 * i;
+    let compiled_block = 2.0 * (4.0 * h + 8.0) + (2.0 * (q + 2.0 * kv) + 2.0 * q + 128.0) + 6.0 * i;
+    let expected = 16.0 * 2048.0 * (eager_block - compiled_block);
+    let eager = job("full", false);
+    let compiled = job("full", true);
+    let saved = activations(&eager) - activations(&compiled);
+    assert!(
+        (saved - expected).abs() < 0.001 * expected,
+        "{saved} against {expected}"
+    );
+    // The upper end keeps eager's set: the mechanism spreads it by the difference.
+    let above = compiled
+        .status
+        .spread
+        .iter()
+        .find(|m| m.mechanism == "compiledActivations")
+        .map_or(0, |m| m.above_bytes) as f64;
+    assert!(above > 0.5 * expected, "{above} against {expected}");
+    // Under LoRA the cut was not traced: eager's count stands.
+    assert_eq!(
+        activations(&job("lora", true)),
+        activations(&job("lora", false))
+    );
+}

@@ -301,6 +301,9 @@ pub struct TrainingSpec {
     pub attention: Attention,
     #[serde(default)]
     pub loss: Loss,
+    /// The model runs under `torch.compile` (TorchInductor): a dense decoder
+    /// trained in full then saves the partitioner's cut for backward, not
+    /// eager's set (the `compiledActivations` mechanism).
     #[serde(default)]
     pub compile: bool,
     #[serde(default)]

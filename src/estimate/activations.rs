@@ -36,6 +36,9 @@ pub struct ActContext<'a> {
     pub attention: Attention,
     /// SDPA runs its math kernel (`bounds::sdpa_math_fallback`).
     pub sdpa_math: bool,
+    /// The block runs compiled (`torch.compile`), and what it saves is the
+    /// partitioner's choice (`compiled_block`; `bounds::compiled_activations`).
+    pub compiled: bool,
     pub sequence: f64,
     pub tensor_parallel: f64,
     pub sequence_parallel: bool,
@@ -335,8 +338,60 @@ fn scaled_outputs(a: &Arch, c: &ActContext) -> f64 {
     c.elem * (q + 2.0 * kv + h + mlp_out)
 }
 
+/// What a compiled block (`torch.compile`, TorchInductor) keeps for
+/// backward. AOTAutograd traces forward and backward as one joint graph and
+/// `min_cut_rematerialization_partition` (torch/_functorch/partitioners.py)
+/// picks the saved set: the cut of least bytes, where matmuls, the attention
+/// kernel and reductions may not be recomputed and pointwise ops may. Traced
+/// on the meta device with torch 2.15 and Transformers 5.24 (Llama and GPT-2
+/// blocks, bf16, the partitioner inductor uses), it keeps, per token:
+///
+/// - per norm: its input (the residual stream: fp32 under autocast), its
+///   output (the next matmul's input) and a per-token statistic; the fp32
+///   upcast and normalised copies eager saves are recomputed;
+/// - attention: q before the rotary embedding, k and v after it at their own
+///   width (the repeat to every query head is recomputed), the kernel's
+///   output and log-sum-exp (eager attention: its softmax output as well);
+/// - the MLP: every matmul's output and the down (fc2) projection's input:
+///   gate, up and their product (gated), fc1's output and the activation's
+///   output (standard); the activation function's own inputs are recomputed.
+///
+/// The same for every dense decoder block under full training; other blocks
+/// (LoRA, quantized linears, experts, encoders) keep eager's count
+/// (`bounds::compiled_activations` says where the partition applies).
+fn compiled_block(a: &Arch, c: &ActContext) -> Parts {
+    let e = c.elem;
+    let h = a.hidden as f64;
+    let q = (a.heads * a.head_dim) as f64;
+    let kv = (a.kv_heads * a.head_dim) as f64;
+    let i = a.intermediate as f64;
+    let residual = if c.mixed { 4.0 } else { e };
+    let norms = if a.parallel_block { 1.0 } else { 2.0 };
+    let post = if a.post_norms {
+        2.0 * (e * h + 4.0)
+    } else {
+        0.0
+    };
+    let scores = match attention_kind(a, c.attention) {
+        Attention::Eager => score_bytes(a, c),
+        Attention::Sdpa if c.sdpa_math => score_bytes(a, c),
+        _ => 4.0 * a.heads as f64,
+    };
+    let mlp = match a.mlp {
+        Mlp::Gated => 3.0 * e * i,
+        Mlp::Standard => 2.0 * e * i,
+    };
+    Parts {
+        outer: norms * (residual * h + e * h + 8.0) + post,
+        inner: e * (q + 2.0 * kv) + e * q + scores + mlp,
+    }
+}
+
 /// Bytes per token one full (not checkpointed) block keeps for backward.
 pub fn block_bytes_per_token(a: &Arch, c: &ActContext, decoder_block: bool) -> f64 {
+    if c.compiled {
+        return compiled_block(a, c).per_rank(c);
+    }
     let norms = if a.parallel_block { 1.0 } else { 2.0 };
     let post = if a.post_norms {
         2.0 * norm_without_output(a, c)

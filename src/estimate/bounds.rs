@@ -64,10 +64,12 @@ pub enum Mechanism {
     DequantizedWeights,
     /// SDPA's math kernel keeping the attention probabilities.
     SdpaMathFallback,
+    /// What a compiled block saves: the partitioner's cut or eager's set.
+    CompiledActivations,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 16;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -84,6 +86,7 @@ impl Mechanism {
         Mechanism::CastCopies,
         Mechanism::DequantizedWeights,
         Mechanism::SdpaMathFallback,
+        Mechanism::CompiledActivations,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -104,6 +107,7 @@ impl Mechanism {
             Mechanism::CastCopies => "castCopies",
             Mechanism::DequantizedWeights => "dequantizedWeights",
             Mechanism::SdpaMathFallback => "sdpaMathFallback",
+            Mechanism::CompiledActivations => "compiledActivations",
         }
     }
 
@@ -133,6 +137,7 @@ impl Mechanism {
             Mechanism::SdpaMathFallback => {
                 "training.runtime.transformers and .pytorch, attention: flash"
             }
+            Mechanism::CompiledActivations => "nothing in the spec (the partitioner's cut)",
         }
     }
 }
@@ -357,6 +362,33 @@ pub fn sdpa_math_fallback(
         Some(math) => math,
         None => ends.pick(Mechanism::SdpaMathFallback, 0.0, 0.0, 1.0) > 0.5,
     }
+}
+
+/// Whether a compiled block's saved tensors are the partitioner's cut
+/// (`activations::compiled_block`) rather than eager's set.
+///
+/// - applies: `training.compile` on a dense decoder under full training
+///   without quantized linears or a PEFT method; elsewhere eager's count
+///   stands at every end (the cut was traced for those blocks only).
+/// - low and point: the cut, as traced (see `compiled_block`).
+/// - high: eager's saved set. The partitioner minimises the saved bytes over
+///   the cuts of the joint graph, and the tensors eager saves form one of
+///   them; its bans on recomputing (long fusible chains, ops used far apart,
+///   `torch/_functorch/config.py` `ban_recompute_*`) can move the cut up to
+///   it, not past it.
+pub fn compiled_activations(
+    ends: &Ends,
+    job: &ValidatedJob,
+    arch: &crate::api::arch::Arch,
+) -> bool {
+    let t = &job.spec.training;
+    let applies = t.compile
+        && t.mode == crate::api::TrainingMode::Full
+        && t.peft.is_none()
+        && job.quantization == Quantization::None
+        && arch.experts == 0
+        && arch.kind == crate::api::arch::Kind::Decoder;
+    applies && ends.pick(Mechanism::CompiledActivations, 1.0, 1.0, 0.0) > 0.5
 }
 
 /// cuDNN convolution workspace. PyTorch tries algorithms in cuDNN's

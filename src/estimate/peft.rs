@@ -230,6 +230,14 @@ impl Peft {
     }
 }
 
+/// The projections LoRA targets (none when the job is not LoRA).
+pub fn lora_targets(job: &ValidatedJob) -> &[String] {
+    job.lora
+        .as_ref()
+        .map(|l| l.target_modules.as_slice())
+        .unwrap_or(&[])
+}
+
 /// (input, output) width of a named projection.
 pub fn module_shape(a: &Arch, name: &str) -> (f64, f64) {
     let h = a.hidden as f64;

@@ -769,11 +769,7 @@ fn transformer_stage(
     }
 
     // ---- Activations ----
-    let lora_targets: &[String] = job
-        .lora
-        .as_ref()
-        .map(|l| l.target_modules.as_slice())
-        .unwrap_or(&[]);
+    let lora_targets = super::peft::lora_targets(job);
     let ctx = ActContext {
         elem,
         mixed,
@@ -793,6 +789,7 @@ fn transformer_stage(
         checkpoint_every: t.checkpoint_every.unwrap_or(1).max(1) as f64,
         attention: t.attention,
         sdpa_math: bounds::sdpa_math_fallback(ends, job, arch, profile.own_loss, gpu.architecture),
+        compiled: bounds::compiled_activations(ends, job, arch),
         sequence: s / cp,
         tensor_parallel: tp,
         sequence_parallel: p.sequence_parallel,
