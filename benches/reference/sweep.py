@@ -238,6 +238,10 @@ def job(rid, c, cfg=None, trainable=None, adapted=None):
         training["peft"] = peft_spec(peft, adapted)
     else:
         training["mode"] = "full"
+    if c["stack"] == "trainer":
+        training["stack"] = "hf-trainer"
+    if c.get("runtime"):
+        training["runtime"] = dict(c["runtime"])
     training.update(
         microBatchSize=c["mb"], globalBatchSize=c["mb"] * c["accum"],
         sequenceLength=c["seq"], precision=c["precision"], optimizer=c["optimizer"],
@@ -292,11 +296,15 @@ def build(c, torch):
             model.heads if hasattr(model, "heads") else model.classifier)
         return model, batch, head, 0, None
     import transformers
-    import transformers.masking_utils as masking
 
-    # Its packed-sequence probe reads a tensor's value (`.all()`), which the meta device
-    # has not; the batches here are never packed, which is what it would find.
-    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        import transformers.masking_utils as masking
+
+        # Its packed-sequence probe reads a tensor's value (`.all()`), which the meta device
+        # has not; the batches here are never packed, which is what it would find.
+        masking.find_packed_sequence_indices = lambda position_ids: None
+    except ImportError:  # releases before 4.53 build masks in each model
+        disabled_autocast_is_a_no_op_on_meta(torch)
     if fam == "mixtral":
         even_routing(torch)
     cfg = hf_config(fam)
@@ -587,6 +595,48 @@ class Progress:
     close = clear
 
 
+def disabled_autocast_is_a_no_op_on_meta(torch):
+    """Older Transformers releases enter `torch.autocast(device_type, enabled=False)` around
+    the rotary embedding, which the meta device refuses; disabling autocast where none is on
+    changes nothing (later releases skip it: `utils/generic.py` `maybe_autocast`)."""
+    import contextlib
+
+    real = torch.autocast
+    if getattr(real, "meta_aware", False):
+        return
+
+    def autocast(device_type, *args, **kwargs):
+        if device_type == "meta" and kwargs.get("enabled", True) is False:
+            return contextlib.nullcontext()
+        return real(device_type, *args, **kwargs)
+
+    autocast.meta_aware = True
+    torch.autocast = autocast
+
+
+def release_pins():
+    """The releases requirements.txt pins, by package name."""
+    pins = {}
+    with open(os.path.join(HERE, "requirements.txt")) as f:
+        for line in f:
+            name, sep, version = line.strip().partition("==")
+            if sep:
+                pins[name] = version
+    return pins
+
+
+def other_release():
+    """The runtime a sweep runs when its Transformers is not the pinned one (an older release
+    put first on PYTHONPATH, see README), for the ids' suffix and the jobs' `runtime`; None
+    when it runs the pins."""
+    from importlib.metadata import version
+
+    tf, torch_version = version("transformers"), version("torch").split("+")[0]
+    if tf == release_pins().get("transformers"):
+        return None
+    return {"pytorch": torch_version, "transformers": tf}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run the ids that contain this text")
@@ -598,7 +648,12 @@ def main():
                     help="a progress line on stderr (auto: on a terminal, not in CI); "
                          "without it, one line per configuration")
     args = ap.parse_args()
-    runs = [(rid, c) for rid, c in configurations() if args.only in rid]
+    runs = configurations()
+    runtime = other_release()
+    if runtime is not None:
+        tf = ".".join(runtime["transformers"].split(".")[:2])
+        runs = [(f"{rid}-tf{tf}", dict(c, runtime=runtime)) for rid, c in runs]
+    runs = [(rid, c) for rid, c in runs if args.only in rid]
     if args.subset == "ci":
         runs = [(rid, c) for rid, c in runs if rid in CI]
     if args.list:

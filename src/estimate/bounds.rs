@@ -410,21 +410,28 @@ pub fn cudnn_workspace(ends: &Ends, point: f64, largest_activation: f64) -> f64 
 }
 
 /// Extra bytes per logit element (tokens × vocab) that the model's forward
-/// and the loss hold beyond the modelled planes (the 16-bit lm_head output,
-/// one fp32 upcast, the fp32 log-softmax and, in backward, its gradients).
+/// and the loss hold in forward beyond the modelled planes (the 16-bit
+/// lm_head output, one fp32 upcast and the fp32 log-softmax).
 ///
 /// Transformers' causal-LM heads shifted the fp32 logits with
-/// `logits[..., :-1, :].contiguous()`: a second fp32 copy in forward, and in
-/// backward `slice_backward` of that shift allocates a full fp32 zero plane.
-/// Releases up to 4.45 did it in each model's `forward`, after
-/// `logits = logits.float()`; 4.46 moved it into `ForCausalLMLoss`
-/// (src/transformers/loss/loss_utils.py), which kept the copy until the
-/// `.contiguous()` was dropped (huggingface/transformers#35646, merged
-/// 2025-01-13, first released in 4.49); later releases shift the labels
-/// (`nn.functional.pad(labels, (0, 1))`) and copy no logits.
+/// `logits[..., :-1, :].contiguous()`: a second fp32 copy, live beside the
+/// upcast and the log-softmax in forward. Releases up to 4.45 did it in each
+/// model's `forward`, after `logits = logits.float()`, which drops the 16-bit
+/// output before the copy is made; 4.46 moved it into `ForCausalLMLoss`
+/// (src/transformers/loss/loss_utils.py), where the model's 16-bit output is
+/// still referenced, and kept the copy until the `.contiguous()` was dropped
+/// (huggingface/transformers#35646, merged 2025-01-13, first released in
+/// 4.49); later releases shift the labels (`nn.functional.pad(labels, (0, 1))`)
+/// and copy no logits. In backward the shift adds nothing to the peak:
+/// `slice_backward` allocates its fp32 zero plane after the log-softmax's
+/// saved output and the gradient nll_loss handed it are freed. Measured on the
+/// meta-device reference with Transformers 4.45.2 under the HF Trainer
+/// (`benches/reference`, the `-tf4.45` rows): 12 bytes per logit in forward
+/// (16 bits dropped, three fp32 planes), 12 at backward's head, as 5.24 has.
 ///
-/// - point: the current release's path (0 extra), or 4 bytes when the job
-///   says it runs a Transformers release before 4.49.
+/// - point: the current release's path (0 extra); with the release known,
+///   4 bytes before 4.49, less the dropped 16-bit output (`elem`, when the
+///   model computes below fp32) before 4.46.
 /// - high: 4 bytes (one fp32 plane) when the logits can go through a
 ///   Transformers model's own loss (HF Trainer, a plain loop, Lightning,
 ///   DeepSpeed around a Transformers model) and the release is not known.
@@ -432,12 +439,17 @@ pub fn cudnn_workspace(ends: &Ends, point: f64, largest_activation: f64) -> f64 
 ///
 /// `own_loss`: the profile's stack computes the loss with its own code
 /// (LitGPT, torchtune, torchtitan, Megatron, Unsloth), where none of this applies.
-pub fn logits_extra_bytes(ends: &Ends, facts: &Facts, own_loss: bool) -> f64 {
+pub fn logits_extra_bytes(ends: &Ends, facts: &Facts, own_loss: bool, elem: f64) -> f64 {
     if own_loss {
         return 0.0;
     }
-    match facts.runtime.transformers_shifts_logits() {
-        Some(true) => ends.pick(Mechanism::LogitsCopies, 4.0, 4.0, 4.0),
+    let runtime = &facts.runtime;
+    let dropped = match runtime.transformers_returns_fp32_logits() {
+        Some(true) if elem < 4.0 => elem,
+        _ => 0.0,
+    };
+    match runtime.transformers_shifts_logits() {
+        Some(true) => 4.0 - dropped,
         Some(false) => 0.0,
         None => ends.pick(Mechanism::LogitsCopies, 0.0, 0.0, 4.0),
     }
@@ -753,11 +765,25 @@ mod tests {
     fn transformers_release_pins_the_logits_copies() {
         let hi = Ends::all(End::High);
         let mut f = Facts::default();
-        assert_eq!(logits_extra_bytes(&hi, &f, false), 4.0);
-        assert_eq!(logits_extra_bytes(&hi, &f, true), 0.0);
+        assert_eq!(logits_extra_bytes(&hi, &f, false, 2.0), 4.0);
+        assert_eq!(logits_extra_bytes(&hi, &f, true, 2.0), 0.0);
         f.runtime.transformers = Some((4, 50));
-        assert_eq!(logits_extra_bytes(&hi, &f, false), 0.0);
+        assert_eq!(logits_extra_bytes(&hi, &f, false, 2.0), 0.0);
+        // 4.46 to 4.48: the shifted fp32 copy beside the model's 16-bit output.
+        f.runtime.transformers = Some((4, 47));
+        assert_eq!(
+            logits_extra_bytes(&Ends::all(End::Point), &f, false, 2.0),
+            4.0
+        );
+        // Up to 4.45 the model drops its 16-bit output when it upcasts.
         f.runtime.transformers = Some((4, 40));
-        assert_eq!(logits_extra_bytes(&Ends::all(End::Point), &f, false), 4.0);
+        assert_eq!(
+            logits_extra_bytes(&Ends::all(End::Point), &f, false, 2.0),
+            2.0
+        );
+        assert_eq!(
+            logits_extra_bytes(&Ends::all(End::Point), &f, false, 4.0),
+            4.0
+        );
     }
 }

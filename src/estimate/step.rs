@@ -917,10 +917,10 @@ fn transformer_stage(
                 // hands it and the gradient it produces (measured on the
                 // meta-device reference, benches/reference).
                 let upcast = if elem < 4.0 { 4.0 } else { 0.0 };
-                // A Transformers release that copies the shifted logits.
-                let copies = bounds::logits_extra_bytes(ends, &Facts::of(job), profile.own_loss);
+                let copies = // A Transformers release that copies the shifted logits.
+                    bounds::logits_extra_bytes(ends, &Facts::of(job), profile.own_loss, elem);
                 logits_forward = logit_tokens * vocab_rank * (elem + upcast + 4.0 + copies);
-                logits_backward = logit_tokens * vocab_rank * (held + 12.0 + copies);
+                logits_backward = logit_tokens * vocab_rank * (held + 12.0);
             }
             Loss::Chunked => {
                 // The 16-bit logits (kept per chunk) and each chunk's
