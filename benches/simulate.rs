@@ -13,12 +13,15 @@
 //!     VRAMGUARD_BENCH_JOBS=1000 VRAMGUARD_BENCH_GPUS=100 cargo bench --bench simulate
 //!
 //! Measured with `/usr/bin/time -v` on the bench binary, 2 cores shared with
-//! other builds: 10 000 jobs on 1 000 GPUs hold every invariant (0 OOMs
-//! against 2 020 with no guard, 9 992 succeeded against 9 495), peak RSS
-//! 749 MiB (1.37 GiB before the API server kept objects as JSON), 315 s of
-//! CPU and 697 s of wall time at 45 % of a core. The target of under 60 s is
-//! not met; 1 000 jobs on 104 GPUs: 143 MiB (314 MiB before), about 15 s of
-//! CPU.
+//! other builds (CPU time is user + sys; wall time depends on the other
+//! builds): 10 000 jobs on 1 000 GPUs hold every invariant (0 OOMs against
+//! 2 020 with no guard, 10 000 succeeded against 9 495), peak RSS 746 MiB,
+//! 197 s of CPU and 255 s of wall time. The same day on the code before the
+//! agents published only on change (with a heartbeat) and before estimates
+//! were remembered per (job, GPU), measured beside it: 264 s of CPU, 527 s of
+//! wall, 753 MiB (and 315 s of CPU, 697 s of wall when first measured). The
+//! target of under 60 s is not met. 1 000 jobs on 104 GPUs: 133 MiB, 12.6 s
+//! of CPU (16.4 s before).
 
 use std::time::Instant;
 

@@ -715,6 +715,7 @@ async fn publishing_loop_applies_spec_and_status_every_interval() {
         interval: Duration::from_millis(50),
         ttl_seconds: 90,
         copy_taints: true,
+        heartbeat: Duration::ZERO,
     };
     let status_patches = || {
         api.requests
@@ -858,6 +859,7 @@ async fn publishing_loop_over_http_creates_and_updates_its_own_gpu_node() {
         interval: Duration::from_millis(50),
         ttl_seconds: 90,
         copy_taints: true,
+        heartbeat: Duration::ZERO,
     };
     let get = |node: &str| server.get::<GpuNode>(None, node);
 
@@ -980,6 +982,72 @@ async fn publishing_loop_over_http_creates_and_updates_its_own_gpu_node() {
         .filter_map(|g| g.metadata.name)
         .collect();
     assert_eq!(names, ["gpu-node-a", "gpu-node-b"]);
+}
+
+/// An idle agent writes its status only at the heartbeat (refreshing
+/// `probeTime` so the node never looks stale), and a change at the interval
+/// that measured it: rounds every 30 s, TTL 120 s, the default heartbeat.
+#[tokio::test]
+async fn an_idle_agent_writes_only_its_heartbeats_and_a_change_at_once() {
+    const STATUS: &str = "/apis/vramguard.io/v1alpha1/gpunodes/gpu-node-h/status";
+    let server = ApiServer::start().await;
+    let config = PublishConfig {
+        node_name: "gpu-node-h".into(),
+        interval: Duration::from_secs(30),
+        ttl_seconds: 120,
+        copy_taints: false,
+        heartbeat: publish::default_heartbeat(120),
+    };
+    assert_eq!(config.heartbeat, Duration::from_secs(60));
+    let example = std::fs::read_to_string(repo("examples/gpus.yaml")).unwrap();
+    let probed = probe_sim(sim(&example));
+    let t0 = Timestamp::from_second(1_800_000_000).unwrap();
+    let at = |round: i64| Time(t0 + k8s_openapi::jiff::SignedDuration::from_secs(30 * round));
+    let status_writes = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == Method::PATCH && r.path == STATUS)
+            .count()
+    };
+    let mut publisher = publish::Publisher::default();
+    let mut written_at = Vec::new();
+    let mut status = probed.clone();
+    for round in 0..=13 {
+        status.probe_time = Some(at(round));
+        if round == 11 {
+            // A job starts on GPU 0: its free bytes drop.
+            status.gpus[0].free_bytes -= 10 * GIB;
+            status.gpus[0].used_bytes += 10 * GIB;
+        }
+        let before = status_writes();
+        let wrote = publisher
+            .publish(&server.client(), &config, &status)
+            .await
+            .expect("published");
+        assert_eq!(
+            wrote.is_some(),
+            status_writes() == before + 1,
+            "round {round}"
+        );
+        if wrote.is_some() {
+            written_at.push(round);
+        }
+        // What consumers read is never older than the heartbeat: never stale.
+        let stored = server.get::<GpuNode>(None, "gpu-node-h").expect("stored");
+        let age = at(round).0.duration_since(probe_time(&stored));
+        assert!(age.as_secs() < 60 + 30, "round {round}: {age:?}");
+        assert!(age.as_secs() < i64::try_from(config.ttl_seconds).unwrap());
+        let stored_status = stored.status.expect("status");
+        assert_eq!(
+            stored_status.gpus, status.gpus,
+            "round {round}: the latest measurement"
+        );
+    }
+    // Idle: every second round (60 s); the change at round 11 at once, and
+    // the heartbeat counted from it.
+    assert_eq!(written_at, [0, 2, 4, 6, 8, 10, 11, 13]);
+    assert_eq!(status_writes(), written_at.len());
 }
 
 // ---------------------------------------------------------------------------

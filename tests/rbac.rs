@@ -332,6 +332,7 @@ async fn agent_calls_match_its_rules() {
         interval: Duration::from_secs(30),
         ttl_seconds: 90,
         copy_taints: true,
+        heartbeat: Duration::ZERO,
     };
     let status = gpu_node("gpu-a", 2, 79).status.expect("a status");
     publish::publish(&server.client(), &config, &status)

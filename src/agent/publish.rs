@@ -1,9 +1,15 @@
-//! Publishing: every interval, a fresh probe written to this node's `GpuNode`
-//! (cluster-scoped, named after the node) with server-side apply under one
-//! field manager, `vramguard-agent`, forced — so the agent owns exactly the
-//! fields it writes and never clobbers another writer's. The spec (node name,
-//! TTL, the node's taints) and the status subresource are applied separately:
-//! the spec when it changed (or the object is gone), the status every round.
+//! Publishing: every interval a fresh probe, written to this node's `GpuNode`
+//! (cluster-scoped, named after the node) when it differs from what was last
+//! written, with server-side apply under one field manager, `vramguard-agent`,
+//! forced — so the agent owns exactly the fields it writes and never clobbers
+//! another writer's. The spec (node name, TTL, the node's taints) and the
+//! status subresource are applied separately: the spec when it changed (or
+//! the object is gone), the status when a measurement changed or, unchanged,
+//! once its `probeTime` is a heartbeat old ([`PublishConfig::heartbeat`],
+//! half the TTL by default). `probeTime` is when the published figures were
+//! last confirmed by a probe, so a consumer judging staleness by it (older
+//! than `spec.ttlSeconds`: distrusted) sees a live agent's node as at most a
+//! heartbeat plus an interval old, and a dead agent's go stale after its TTL.
 //!
 //! A probe or write that fails is logged and retried at the next tick; nothing
 //! is published meanwhile, so consumers see the object go stale after its TTL
@@ -12,6 +18,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::SignedDuration;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde_json::json;
@@ -33,6 +40,36 @@ pub struct PublishConfig {
     pub ttl_seconds: u64,
     /// Copy the Node's taints into the GpuNode (needs `get` on nodes).
     pub copy_taints: bool,
+    /// An unchanged probe is written again (refreshing `probeTime`) once the
+    /// last one written is this old; zero: every interval.
+    pub heartbeat: Duration,
+}
+
+/// The heartbeat when none is given: half the TTL, so an agent whose probes
+/// never change still refreshes its `probeTime` well before consumers would
+/// call the node stale (at most a heartbeat plus an interval old).
+pub fn default_heartbeat(ttl_seconds: u64) -> Duration {
+    Duration::from_secs(ttl_seconds) / 2
+}
+
+/// Whether two probes measured the same: every field but `probeTime`.
+pub fn same_measurement(a: &GpuNodeStatus, b: &GpuNodeStatus) -> bool {
+    // Destructured so a new status field cannot be forgotten here.
+    let GpuNodeStatus {
+        gpus,
+        gpu_count,
+        product,
+        probe_time: _,
+        agent_version,
+        driver_version,
+        cuda_version,
+    } = a;
+    *gpus == b.gpus
+        && *gpu_count == b.gpu_count
+        && *product == b.product
+        && *agent_version == b.agent_version
+        && *driver_version == b.driver_version
+        && *cuda_version == b.cuda_version
 }
 
 /// Why one publish failed.
@@ -77,6 +114,21 @@ async fn node_taints(client: &Client, node: &str) -> Vec<NodeTaint> {
     }
 }
 
+/// The spec to apply: the node's name, the TTL and (when copied) its taints.
+async fn spec_of(client: &Client, config: &PublishConfig) -> GpuNodeSpec {
+    let name = config.node_name.as_str();
+    let taints = if config.copy_taints {
+        node_taints(client, name).await
+    } else {
+        Vec::new()
+    };
+    GpuNodeSpec {
+        node_name: name.to_string(),
+        ttl_seconds: config.ttl_seconds,
+        taints,
+    }
+}
+
 /// Write `status` to the node's GpuNode (creating it if needed), applying
 /// the spec too: a one-off publish. The loop keeps a [`Publisher`] instead.
 pub async fn publish(
@@ -84,40 +136,86 @@ pub async fn publish(
     config: &PublishConfig,
     status: &GpuNodeStatus,
 ) -> Result<GpuNode, PublishError> {
-    Publisher::default().publish(client, config, status).await
+    Publisher::default().write(client, config, status).await
 }
 
 /// Publishes one node's GpuNode round after round, remembering the spec it
-/// last applied: the spec (node name, TTL, taints) changes rarely, so it is
-/// applied only when it differs from the last one applied or the object is
-/// gone (the status write then answers 404), not every round. Each round is
-/// one write, not two, which halves what every agent costs the API server.
+/// last applied and the status it last wrote. The spec (node name, TTL,
+/// taints) changes rarely, so it is applied only when it differs from the
+/// last one applied or the object is gone (the status write then answers
+/// 404). The status is written when a measurement differs from the last one
+/// written, or when that one's `probeTime` is a heartbeat old: an idle node
+/// costs the API server (and every watcher) one write per heartbeat, not one
+/// per interval.
 #[derive(Debug, Default)]
 pub struct Publisher {
     applied: Option<GpuNodeSpec>,
+    written: Option<GpuNodeStatus>,
 }
 
 impl Publisher {
-    /// Write `status` (and the spec when it changed) to the node's GpuNode.
+    /// Whether `status` is to be written: a measurement changed since the
+    /// last write, or the heartbeat is due (or nothing was written yet).
+    pub fn due(&self, config: &PublishConfig, status: &GpuNodeStatus) -> bool {
+        let Some(last) = &self.written else {
+            return true;
+        };
+        let (Some(then), Some(now)) = (&last.probe_time, &status.probe_time) else {
+            return true;
+        };
+        let age = now.0.duration_since(then.0);
+        let heartbeat = SignedDuration::try_from(config.heartbeat).unwrap_or(SignedDuration::MAX);
+        age >= heartbeat || !same_measurement(last, status)
+    }
+
+    /// Write `status` to the node's GpuNode when it is [due](Self::due), and
+    /// the spec when it changed (the Node's taints are read every round, so
+    /// a taint change is written at once); `None`: nothing needed writing.
     pub async fn publish(
         &mut self,
         client: &Client,
         config: &PublishConfig,
         status: &GpuNodeStatus,
+    ) -> Result<Option<GpuNode>, PublishError> {
+        let spec = spec_of(client, config).await;
+        if self.applied.as_ref() == Some(&spec) && !self.due(config, status) {
+            return Ok(None);
+        }
+        self.write_with(client, spec, status).await.map(Some)
+    }
+
+    /// Write `status` (and the spec when it changed) to the node's GpuNode.
+    pub async fn write(
+        &mut self,
+        client: &Client,
+        config: &PublishConfig,
+        status: &GpuNodeStatus,
     ) -> Result<GpuNode, PublishError> {
-        let name = config.node_name.as_str();
+        let spec = spec_of(client, config).await;
+        self.write_with(client, spec, status).await
+    }
+
+    async fn write_with(
+        &mut self,
+        client: &Client,
+        spec: GpuNodeSpec,
+        status: &GpuNodeStatus,
+    ) -> Result<GpuNode, PublishError> {
+        self.written = None;
+        let written = self.write_status(client, spec, status).await?;
+        self.written = Some(status.clone());
+        Ok(written)
+    }
+
+    async fn write_status(
+        &mut self,
+        client: &Client,
+        spec: GpuNodeSpec,
+        status: &GpuNodeStatus,
+    ) -> Result<GpuNode, PublishError> {
+        let name = spec.node_name.as_str();
         let api: Api<GpuNode> = Api::all(client.clone());
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let taints = if config.copy_taints {
-            node_taints(client, name).await
-        } else {
-            Vec::new()
-        };
-        let spec = GpuNodeSpec {
-            node_name: name.to_string(),
-            ttl_seconds: config.ttl_seconds,
-            taints,
-        };
         let status_patch = json!({
             "apiVersion": GpuNode::api_version(&()),
             "kind": GpuNode::kind(&()),
@@ -172,8 +270,8 @@ impl Publisher {
     }
 }
 
-/// Probe and publish every `config.interval`, forever; failures are logged
-/// and retried at the next tick.
+/// Probe every `config.interval` and publish what changed (and a heartbeat),
+/// forever; failures are logged and retried at the next tick.
 pub async fn run(agent: &Agent, client: Client, config: PublishConfig) {
     let mut tick = tokio::time::interval(config.interval.max(Duration::from_millis(10)));
     let mut publisher = Publisher::default();
@@ -188,7 +286,8 @@ pub async fn run(agent: &Agent, client: Client, config: PublishConfig) {
             }
         };
         match publisher.publish(&client, &config, &status).await {
-            Ok(_) => tracing::debug!(
+            Ok(None) => tracing::trace!(node = %config.node_name, "unchanged; not published"),
+            Ok(Some(_)) => tracing::debug!(
                 node = %config.node_name,
                 gpus = status.gpu_count,
                 "GpuNode published"

@@ -67,6 +67,11 @@ pub struct AgentArgs {
     /// Seconds after a probe at which consumers treat the GpuNode as stale.
     #[arg(long, env = "VRAMGUARD_TTL_SECS", default_value_t = 120)]
     pub ttl_secs: u64,
+    /// A probe that measured the same as the last one published is published again (its
+    /// probeTime refreshed) once that one is this many seconds old; a change is published at
+    /// once. Default: half the TTL.
+    #[arg(long, env = "VRAMGUARD_HEARTBEAT_SECS")]
+    pub heartbeat_secs: Option<u64>,
     /// Do not copy the Node's taints into the GpuNode.
     #[arg(long, env = "VRAMGUARD_NO_TAINTS", default_value_t = false)]
     pub no_taints: bool,
@@ -162,6 +167,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         node_name,
         interval_secs,
         ttl_secs,
+        heartbeat_secs,
         no_taints,
         listen,
         pod_resources_socket,
@@ -217,6 +223,20 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             "the TTL is not longer than the interval: the GpuNode will look stale between probes"
         );
     }
+    let heartbeat = heartbeat_secs
+        .map(Duration::from_secs)
+        .unwrap_or_else(|| publish::default_heartbeat(ttl_secs));
+    // An unchanged probe is written at the first interval at or after the heartbeat.
+    let oldest = heartbeat.as_secs().div_ceil(interval_secs).max(1) * interval_secs;
+    if oldest >= ttl_secs {
+        tracing::warn!(
+            ttl_secs,
+            interval_secs,
+            heartbeat_secs = heartbeat.as_secs(),
+            "the heartbeat, rounded up to intervals, is not shorter than the TTL: \
+             an idle GpuNode will look stale between heartbeats"
+        );
+    }
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (use --once to probe without one)")?;
@@ -225,6 +245,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         interval: Duration::from_secs(interval_secs),
         ttl_seconds: ttl_secs,
         copy_taints: !no_taints,
+        heartbeat,
     };
     tracing::info!(%listen, node = %config.node_name, "publishing GpuNode and serving /check");
     let server = server::serve(

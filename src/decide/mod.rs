@@ -251,7 +251,7 @@ fn waiting_or_rejected(
             " (estimates raised ×{:.2} by earlier out-of-memory deaths: {} per GPU as written)",
             view.scale,
             estimate::gib(scale_bytes(
-                estimate::estimate(job, fallback_product())
+                crate::plan::memo::estimate(job, fallback_product())
                     .map(|e| e.status.fit_per_gpu_bytes())
                     .unwrap_or(0),
                 view.scale

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{EstimateStatus, Placement, PlanStatus, ValidatedJob};
 use crate::decide::{self, Choice, ClusterView, fallback_product};
-use crate::estimate::{self, gpus};
+use crate::estimate::gpus;
 use crate::inventory::{self, Snapshot};
 use crate::plan::{self, ReservationIndex, Settings};
 
@@ -56,7 +56,7 @@ fn admission(
     placed: &plan::Assignment,
 ) -> Result<Admission, String> {
     let placement = placed.to_status();
-    let estimate = estimate::estimate(job, placed_product(&placement))
+    let estimate = crate::plan::memo::estimate(job, placed_product(&placement))
         .map_err(|e| e.to_string())?
         .status;
     Ok(Admission {

@@ -161,7 +161,7 @@ fn bigger_gpus(job: &ValidatedJob) -> (Vec<&'static str>, Option<u64>, &'static 
         let slot = match by_arch.iter().position(|(a, _)| *a == card.architecture) {
             Some(i) => i,
             None => {
-                by_arch.push((card.architecture, estimate::estimate(job, card).ok()));
+                by_arch.push((card.architecture, super::memo::estimate(job, card).ok()));
                 by_arch.len() - 1
             }
         };

@@ -11,7 +11,7 @@ use super::settings::{Settings, yaml_name};
 use super::shrink::{Allowance, options};
 use super::{GpuView, fit_estimate};
 use crate::api::{AdjustableField, ResolvedModel, ValidatedJob};
-use crate::estimate::{self, EstimateError, GpuProduct};
+use crate::estimate::{EstimateError, GpuProduct};
 
 /// Largest micro-batch searched.
 pub const MAX_MICRO_BATCH: u64 = 1 << 16;
@@ -56,7 +56,7 @@ pub fn fits(
     let mut work = job.clone();
     settings.apply_to(&mut work);
     work.spec.training.sequence_length = sequence;
-    let est = estimate::estimate(&work, gpu)?;
+    let est = super::memo::estimate(&work, gpu)?;
     let view = GpuView::empty(gpu.usable_bytes());
     Ok(fit_estimate(&est, job.spec.fit_policy.safety_margin, view).fits)
 }

@@ -5,6 +5,7 @@
 mod advice;
 pub mod cost;
 pub mod max;
+pub mod memo;
 pub mod place;
 pub mod settings;
 pub mod shrink;

@@ -40,8 +40,8 @@ pub use products::architecture_of;
 use products::{UNKNOWN_ARCHITECTURE, arch_slot, representative};
 use why::Tally;
 
+use crate::estimate::EstimateError;
 use crate::estimate::gpus::{Architecture, DRIVER_RESERVE_BYTES};
-use crate::estimate::{self, EstimateError};
 
 /// Memory promised to an admitted job that does not run yet: counts as used.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,23 +242,25 @@ fn place_job(
         now,
     };
     let mut error = None;
-    let outcome = place_held(&request, nodes, held, &mut |arch| match estimate::estimate(
-        job,
-        representative(arch),
-    ) {
-        Ok(e) if e.unsupported.is_some() => None,
-        Ok(e) => Some(Need {
-            per_gpu_bytes: scale_bytes(e.status.fit_per_gpu_bytes(), scale),
-            largest_tensor_bytes: e.status.largest_tensor_bytes,
-            allocator: e
-                .allocator_limit
-                .map(|l| (scale_bytes(e.status.fit_reserved_bytes(), scale), l)),
-        }),
-        Err(e) => {
-            error = Some(e);
-            None
-        }
-    });
+    let outcome = place_held(
+        &request,
+        nodes,
+        held,
+        &mut |arch| match super::memo::estimate(job, representative(arch)) {
+            Ok(e) if e.unsupported.is_some() => None,
+            Ok(e) => Some(Need {
+                per_gpu_bytes: scale_bytes(e.status.fit_per_gpu_bytes(), scale),
+                largest_tensor_bytes: e.status.largest_tensor_bytes,
+                allocator: e
+                    .allocator_limit
+                    .map(|l| (scale_bytes(e.status.fit_reserved_bytes(), scale), l)),
+            }),
+            Err(e) => {
+                error = Some(e);
+                None
+            }
+        },
+    );
     match error {
         Some(e) => Err(e),
         None => Ok(outcome),

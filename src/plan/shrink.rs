@@ -23,7 +23,7 @@ use crate::api::{
     Precision, Strategy, TrainingMode, ValidatedJob,
 };
 use crate::estimate::gpus::Architecture;
-use crate::estimate::{self, EstimateError, GpuProduct};
+use crate::estimate::{EstimateError, GpuProduct};
 
 /// Largest micro-batch up to which candidate micro-batches are found by
 /// trying every divisor; above it only the divisors of the written micro-batch.
@@ -299,7 +299,7 @@ pub fn search_below(
             loss: combo.loss,
         };
         settings.apply_to(&mut work);
-        let est = estimate::estimate(&work, gpu).ok()?;
+        let est = super::memo::estimate(&work, gpu).ok()?;
         let v = fit_estimate(&est, margin, view);
         v.fits.then_some((settings, est.status, v))
     };
@@ -367,7 +367,7 @@ pub(super) fn as_written_and_plan(
     view: GpuView,
 ) -> Result<(Verdict, Option<Plan>), EstimateError> {
     let policy = &job.spec.fit_policy;
-    let est = estimate::estimate(job, gpu)?;
+    let est = super::memo::estimate(job, gpu)?;
     let as_written = fit_estimate(&est, policy.safety_margin, view);
     if as_written.fits {
         let original = Settings::of(job);
@@ -488,7 +488,7 @@ fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
         let p = s.plan.expect("some allowed change fits");
         let applied = p.apply(&j);
         assert_eq!(effective_batch(&applied), effective_batch(&j));
-        let e = estimate::estimate(&applied, g).expect("estimates");
+        let e = crate::estimate::estimate(&applied, g).expect("estimates");
         assert_eq!(e.status, p.estimate);
         assert!(
             fit(

@@ -453,16 +453,16 @@ impl Cluster {
             interval: Duration::from_secs_f64(self.interval),
             ttl_seconds: self.ttl_seconds,
             copy_taints: false,
+            heartbeat: publish::default_heartbeat(self.ttl_seconds),
         };
-        // The node's agent remembers the spec it applied (taken out while it
-        // writes: one agent task per node).
+        // The node's agent remembers the spec and status it wrote (taken out
+        // while it writes: one agent task per node); None: nothing was due.
         let mut publisher = lock(&self.publishers).remove(node).unwrap_or_default();
         let written = publisher.publish(&self.client, &config, &status).await;
         lock(&self.publishers).insert(node.to_string(), publisher);
         match written {
-            Ok(_) => {
-                let mut world = lock(&self.world);
-                if let Some(n) = world.nodes.get_mut(node) {
+            Ok(written) => {
+                if let (Some(_), Some(n)) = (written, lock(&self.world).nodes.get_mut(node)) {
                     n.last_publish = Some(self.clock.secs());
                 }
             }

@@ -379,7 +379,7 @@ fn on_empty_gpus<'a>(
         let gpu = p.catalog.unwrap_or_else(fallback_product);
         let slot = match estimates.iter().position(|(n, _)| *n == gpu.name) {
             Some(i) => i,
-            None => match crate::estimate::estimate(job, gpu) {
+            None => match plan::memo::estimate(job, gpu) {
                 Ok(e) => {
                     estimates.push((gpu.name, e));
                     estimates.len() - 1
@@ -470,7 +470,7 @@ fn rejected(
     let biggest = &products[0];
     let need = need
         .or_else(|| {
-            crate::estimate::estimate(job, catalog(biggest))
+            plan::memo::estimate(job, catalog(biggest))
                 .ok()
                 .map(|e| plan::with_margin(e.status.fit_per_gpu_bytes(), margin))
         })
