@@ -60,10 +60,16 @@ fn bench_shrink(c: &mut Criterion) {
         let j = job(yaml);
         let g = gpu(product);
         let view = GpuView::empty(g.usable_bytes());
-        group.bench_function(name, |b| {
-            b.iter(|| plan::shrink(black_box(&j), g, black_box(view)).expect("estimates"))
-        });
+        // Fresh: every estimate computed (a job the process has not seen);
+        // remembered: the same job again, its estimates kept by `plan::memo`.
+        for (memo, label) in [(false, "fresh"), (true, "remembered")] {
+            group.bench_function(format!("{name} ({label})"), |b| {
+                plan::memo::set_enabled(memo);
+                b.iter(|| plan::shrink(black_box(&j), g, black_box(view)).expect("estimates"))
+            });
+        }
     }
+    plan::memo::set_enabled(true);
     group.finish();
 }
 
@@ -152,13 +158,17 @@ parallelism: {gpus: 16, gpusPerNode: 8, zeroStage: 3, strategy: fsdp}
         ),
     ] {
         let j = job(yaml);
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                plan::place(black_box(&j), black_box(&nodes), &reservations, &[], now)
-                    .expect("estimates")
-            })
-        });
+        for (memo, label) in [(false, "fresh"), (true, "remembered")] {
+            group.bench_function(format!("{name} ({label})"), |b| {
+                plan::memo::set_enabled(memo);
+                b.iter(|| {
+                    plan::place(black_box(&j), black_box(&nodes), &reservations, &[], now)
+                        .expect("estimates")
+                })
+            });
+        }
     }
+    plan::memo::set_enabled(true);
     group.finish();
 }
 

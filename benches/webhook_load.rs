@@ -8,7 +8,9 @@
 //!   and answers a fixed AdmissionReview (the ceiling of TLS + HTTP here);
 //! - `webhook`: the webhook as served, its judgement cache on (a spec seen
 //!   before against the same inventory is not judged again);
-//! - `uncached`: the webhook with the cache off, judging every review afresh.
+//! - `uncached`: the webhook with the cache off, judging every review afresh
+//!   (the estimates the process remembers per job and GPU, `plan::memo`, are
+//!   off while it is measured).
 //!
 //! and the ratio of each webhook figure to the minimal handler's.
 //!
@@ -379,6 +381,7 @@ fn main() {
             let mut rows = Vec::new();
             let mut answers = Vec::new();
             for target in &targets {
+                vramguard::plan::memo::set_enabled(target.name != "uncached");
                 let mut c = connect(target.addr, target.ca, request.clone()).await;
                 let answer: serde_json::Value =
                     serde_json::from_slice(&exchange(&mut c).await).expect("JSON answer");

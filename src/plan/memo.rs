@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::api::ValidatedJob;
@@ -56,8 +57,20 @@ fn hash(job: &ValidatedJob, gpu: &'static GpuProduct) -> u64 {
     h.0.finish()
 }
 
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns remembering on or off for the whole process (on by default). Off,
+/// every call estimates afresh: for measurements of what an unseen job
+/// costs (`benches/webhook_load.rs`, its `uncached` server).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
 /// [`estimate::estimate`], computed once per (job, GPU).
 pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate, EstimateError> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return estimate::estimate(job, gpu);
+    }
     let key = hash(job, gpu);
     let hit = memo().by_hash.get(&key).and_then(|entries| {
         entries
