@@ -53,7 +53,6 @@ KNOWN = {
     'src/apiserver/mod.rs::write': 163,
     'src/estimate/step.rs': 1410,
     'src/estimate/step.rs::transformer_stage': 628,
-    'src/operator/oom.rs': 894,
     'src/simulate/baseline.rs::run': 233,
     'src/simulate/cluster.rs': 907,
     'src/simulate/cluster.rs::job_seen': 235,
