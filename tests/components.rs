@@ -17,6 +17,15 @@ fn est_on(yaml: &str, gpu: &str) -> Estimate {
     estimate::estimate(&job(yaml), gpus::find(gpu).unwrap()).expect("estimates")
 }
 
+/// How far one mechanism alone moves the per-GPU figure: (below, above) bytes.
+fn spread(e: &Estimate, mechanism: &str) -> (f64, f64) {
+    e.status
+        .spread
+        .iter()
+        .find(|m| m.mechanism == mechanism)
+        .map_or((0.0, 0.0), |m| (m.below_bytes as f64, m.above_bytes as f64))
+}
+
 fn at(e: &Estimate, p: StepPhase, c: Component) -> f64 {
     e.phases
         .iter()
@@ -358,13 +367,9 @@ fn gptq_keeps_each_blocks_dequantized_weights_for_backward() {
     let spec = "model: {preset: llama-3-8b}
 training: {stack: hf-trainer, mode: lora, QUANT, lora: {rank: 16, targetModules: [q_proj, v_proj]}, microBatchSize: 1, sequenceLength: 512, precision: bf16, optimizerImplementation: fused, batching: packedCKPT}
 ";
-    let spread = |q: &str, ckpt: &str| {
+    let below = |q: &str, ckpt: &str| {
         let e = est_on(&spec.replace("QUANT", q).replace("CKPT", ckpt), "h100-80gb");
-        e.status
-            .spread
-            .iter()
-            .find(|m| m.mechanism == "dequantizedWeights")
-            .map_or(0, |m| m.below_bytes) as f64
+        spread(&e, "dequantizedWeights").0
     };
     // Without checkpointing every block keeps its linears' bf16 weights,
     // which a kernel with its own autograd Function (the low end) does not;
@@ -373,7 +378,7 @@ training: {stack: hf-trainer, mode: lora, QUANT, lora: {rank: 16, targetModules:
     // replayed step strands as much without them (the weight transients
     // are freed blocks either way).
     let blocks = LLAMA3_LINEAR * 2.0;
-    let kept = spread("quantization: gptq", "");
+    let kept = below("quantization: gptq", "");
     assert!(
         kept > 0.99 * blocks && kept < 1.09 * blocks,
         "{kept} vs {blocks}"
@@ -396,7 +401,7 @@ training: {stack: hf-trainer, mode: lora, QUANT, lora: {rank: 16, targetModules:
     let block = LLAMA3_LINEAR / 32.0 * 2.0;
     assert!(one > 0.8 * block && one < block, "{one} vs {block}");
     // AWQ's Function keeps the packed weight: nothing below its point.
-    assert_eq!(spread("quantization: awq", ""), 0.0);
+    assert_eq!(below("quantization: awq", ""), 0.0);
 }
 
 #[test]
@@ -522,13 +527,8 @@ training: {stack: hf-trainer, mode: full, microBatchSize: 1, sequenceLength: 204
         &spec.replace(", runtime: {pytorch: '2.8', transformers: 'TF'}", ""),
         "h100-80gb",
     );
-    let spread = unknown
-        .status
-        .spread
-        .iter()
-        .find(|m| m.mechanism == "sdpaMathFallback")
-        .map_or(0, |m| m.above_bytes) as f64;
-    assert!(spread > probabilities, "{spread} against {probabilities}");
+    let above = spread(&unknown, "sdpaMathFallback").1;
+    assert!(above > probabilities, "{above} against {probabilities}");
 }
 
 #[test]
@@ -566,12 +566,7 @@ training: {stack: hf-trainer, mode: MODE, microBatchSize: 2, sequenceLength: 102
         "{saved} against {expected}"
     );
     // The upper end keeps eager's set: the mechanism spreads it by the difference.
-    let above = compiled
-        .status
-        .spread
-        .iter()
-        .find(|m| m.mechanism == "compiledActivations")
-        .map_or(0, |m| m.above_bytes) as f64;
+    let above = spread(&compiled, "compiledActivations").1;
     assert!(above > 0.5 * expected, "{above} against {expected}");
     // Under LoRA the cut was not traced: eager's count stands.
     assert_eq!(

@@ -36,3 +36,10 @@ pub(crate) fn enum_name<T: serde::Serialize>(v: &T) -> String {
         Err(_) => String::new(),
     }
 }
+
+/// A spec written in YAML, validated: for unit tests across the crate.
+#[cfg(test)]
+pub(crate) fn test_job(yaml: &str) -> ValidatedJob {
+    let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");
+    validate(&spec).expect("test spec is valid")
+}

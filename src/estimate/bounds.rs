@@ -722,17 +722,7 @@ mod tests {
 
     #[test]
     fn expandable_segments_and_fixed_shapes_narrow_fragmentation() {
-        // A 4096-wide block at 4096 tokens in bf16, 32 of them.
-        let t = 4096.0 * 4096.0 * 2.0;
-        let c = Churn {
-            blocks: 32.0,
-            saved: t * (6.0 + 3.0 * 2.6875),
-            width_ratio: 2.6875,
-            temp_forward: 2.0 * t,
-            temp_backward: 4.0 * t,
-            logits: 4096.0 * 128_256.0 * 4.0,
-            ..Churn::default()
-        };
+        let c = crate::estimate::caching::tests::llama_block();
         let mut f = Facts::default();
         let share = |f: &Facts, end| fragmentation_share(&Ends::all(end), f, &c);
         let high = share(&f, End::High);

@@ -427,4 +427,4 @@ mod replay;
 pub use replay::{Churn, REPLAYED_BLOCKS, Replay, Shapes, stranded_share};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

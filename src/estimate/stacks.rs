@@ -331,12 +331,8 @@ pub fn profiles(job: &ValidatedJob) -> Vec<Profile> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{TrainingJobSpec, validate};
 
-    fn job(yaml: &str) -> ValidatedJob {
-        let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).unwrap();
-        validate(&spec).unwrap()
-    }
+    use crate::api::test_job as job;
 
     #[test]
     fn a_named_stack_has_its_own_profiles_only() {

@@ -207,13 +207,9 @@ fn bigger_gpus(job: &ValidatedJob) -> (Vec<&'static str>, Option<u64>, &'static 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{self, TrainingJobSpec};
     use crate::plan::shrink;
 
-    fn job(yaml: &str) -> ValidatedJob {
-        let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");
-        api::validate(&spec).expect("test spec is valid")
-    }
+    use crate::api::test_job as job;
 
     fn gpu(name: &str) -> &'static GpuProduct {
         gpus::find(name).expect("catalog GPU")

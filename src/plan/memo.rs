@@ -98,14 +98,10 @@ pub fn estimate(job: &ValidatedJob, gpu: &'static GpuProduct) -> Result<Estimate
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{self, TrainingJobSpec};
     use crate::estimate::gpus;
     use crate::plan::Settings;
 
-    fn job(yaml: &str) -> ValidatedJob {
-        let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");
-        api::validate(&spec).expect("test spec is valid")
-    }
+    use crate::api::test_job as job;
 
     #[test]
     fn remembered_estimates_are_the_estimates_of_each_job_and_gpu() {

@@ -219,12 +219,8 @@ pub fn effective_batch(job: &ValidatedJob) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{self, TrainingJobSpec};
 
-    fn job(yaml: &str) -> ValidatedJob {
-        let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");
-        api::validate(&spec).expect("test spec is valid")
-    }
+    use crate::api::test_job as job;
 
     #[test]
     fn changes_read_field_from_to() {

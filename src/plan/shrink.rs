@@ -405,15 +405,11 @@ pub fn cheapest_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{self, TrainingJobSpec};
     use crate::estimate::gpus;
     use crate::plan::fit;
     use crate::plan::shrink;
 
-    fn job(yaml: &str) -> ValidatedJob {
-        let spec: TrainingJobSpec = serde_saphyr::from_str(yaml).expect("test YAML parses");
-        api::validate(&spec).expect("test spec is valid")
-    }
+    use crate::api::test_job as job;
 
     fn gpu(name: &str) -> &'static GpuProduct {
         gpus::find(name).expect("catalog GPU")
