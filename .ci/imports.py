@@ -48,7 +48,7 @@ KNOWN = {
     'src/agent/check.rs::check': 133,
     'src/agent/cuda.rs::verify': 121,
     'src/agent/simulated.rs::from_spec': 166,
-    'src/api/validate/mod.rs::validate_hinted': 563,
+    'src/api/validate/mod.rs::validate_hinted': 555,
     'src/apiserver/mod.rs': 1744,
     'src/apiserver/mod.rs::write': 163,
     'src/estimate/step.rs': 1407,

@@ -202,6 +202,17 @@ impl Facts {
     }
 }
 
+/// The eager-loading context's high end (see [`cuda_context`]).
+pub const EAGER_CONTEXT_HIGH: f64 = 2.0 * GIB;
+
+/// NCCL's own fixed cost in a process, beside its buffers: the device code
+/// loaded for its kernels and a communicator's state. Measured on an H200
+/// (PyTorch 2.11.0+cu130 and the NCCL it ships, lazy loading) with a
+/// one-rank group's first all-reduce: nvidia-smi's figure minus the
+/// allocator's reserved bytes grew by 558 MiB (`benches/gpu_mechanisms.py
+/// context`; a one-rank ring has no peer buffers).
+pub const NCCL_FIXED_MEASURED: f64 = 558.0 * MIB;
+
 /// The CUDA context: driver and runtime state plus the kernel images of
 /// PyTorch and the libraries it loads (cuBLAS, cuDNN, NCCL), as nvidia-smi
 /// shows them before the first tensor and after the first step.
@@ -220,9 +231,12 @@ impl Facts {
 ///   libraries are the largest, some hundreds of MiB of sm_80/sm_90 code).
 /// - high, eager loading (CUDA before 11.7, PyTorch before 1.13, or
 ///   `CUDA_MODULE_LOADING=EAGER`): every module of libtorch_cuda and its
-///   libraries is loaded at start: 1.5 GiB bounds what was reported for
-///   CUDA 11 PyTorch builds (pytorch/pytorch#20532, #86509: "over 1 GB"
-///   before lazy loading on recent architectures).
+///   libraries is loaded at start. Measured on an H200 with PyTorch
+///   2.11.0+cu130 and `CUDA_MODULE_LOADING=EAGER` (`benches/gpu_mechanisms.py
+///   context`): 1 250 MiB after the first tensor, 1 984 MiB once cuBLAS,
+///   cuDNN and fused attention have run (lazy: 612 and 694 MiB). The high
+///   end is 2 GiB, above both that and the "over 1 GB" reported for CUDA 11
+///   builds (pytorch/pytorch#20532, #86509).
 ///
 /// Narrowed by `training.runtime.cuda` and `.pytorch` (or the trainer image
 /// tag): a known lazy-loading runtime removes the eager high end.
@@ -231,7 +245,7 @@ pub fn cuda_context(ends: &Ends, facts: &Facts, point: f64) -> f64 {
     let high = match lazy {
         Some(true) => point + 512.0 * MIB,
         // Unknown or eager: a runtime old enough to load everything at start.
-        _ => (point + 512.0 * MIB).max(1.5 * GIB),
+        _ => (point + 512.0 * MIB).max(EAGER_CONTEXT_HIGH),
     };
     ends.pick(Mechanism::CudaContext, 256.0 * MIB, point, high)
 }
@@ -247,7 +261,9 @@ pub fn cuda_context(ends: &Ends, facts: &Facts, point: f64) -> f64 {
 ///   before this range existed).
 /// - low: 2 channels × 2 peers × 2 directions × 4 MiB = 32 MiB per communicator.
 /// - high: 32 channels × 2 peers × 2 directions × 4 MiB = 512 MiB per communicator
-///   (ring; tree and NVLS add less than the ring's second peer set).
+///   (ring; tree and NVLS add less than the ring's second peer set), plus
+///   NCCL's device code and state once per process ([`NCCL_FIXED_MEASURED`],
+///   measured: lazy loading leaves it out of the CUDA context's figure).
 pub fn nccl_buffers(ends: &Ends, communicators: f64) -> f64 {
     if communicators <= 0.0 {
         return 0.0;
@@ -256,7 +272,7 @@ pub fn nccl_buffers(ends: &Ends, communicators: f64) -> f64 {
         Mechanism::NcclBuffers,
         32.0 * MIB * communicators,
         384.0 * MIB + 128.0 * MIB * (communicators - 1.0),
-        512.0 * MIB * communicators,
+        NCCL_FIXED_MEASURED + 512.0 * MIB * communicators,
     )
 }
 
@@ -739,7 +755,7 @@ mod tests {
     fn a_known_lazy_runtime_drops_the_eager_context() {
         let point = 512.0 * MIB;
         let unknown = cuda_context(&Ends::all(End::High), &Facts::default(), point);
-        assert_eq!(unknown, 1.5 * GIB);
+        assert_eq!(unknown, EAGER_CONTEXT_HIGH);
         let mut f = Facts::default();
         f.runtime.cuda = Some((12, 1));
         f.runtime.pytorch = Some((2, 4));
@@ -748,7 +764,10 @@ mod tests {
             point + 512.0 * MIB
         );
         f.runtime.cuda = Some((11, 3));
-        assert_eq!(cuda_context(&Ends::all(End::High), &f, point), 1.5 * GIB);
+        assert_eq!(
+            cuda_context(&Ends::all(End::High), &f, point),
+            EAGER_CONTEXT_HIGH
+        );
     }
 
     #[test]

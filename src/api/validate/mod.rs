@@ -619,15 +619,7 @@ fn validate_hinted(
         errs.at_most("spec.training.targetLength", target, MAX_SEQUENCE_LENGTH);
     }
     if let Some(ResolvedModel::Transformer(arch)) = &model {
-        if arch.heads % p.tensor_parallel.max(1) != 0 {
-            errs.push(
-                "spec.parallelism.tensorParallel",
-                format!(
-                    "{} does not divide the model's {} attention heads",
-                    p.tensor_parallel, arch.heads
-                ),
-            );
-        }
+        model::sizes_the_model_takes(&mut errs, arch, t.sequence_length, p.tensor_parallel);
         let stages = p.pipeline_parallel.saturating_mul(p.virtual_stages);
         let blocks = arch.layers.saturating_add(arch.decoder_layers);
         if stages > blocks {
