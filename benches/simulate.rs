@@ -21,7 +21,15 @@
 //! were remembered per (job, GPU), measured beside it: 264 s of CPU, 527 s of
 //! wall, 753 MiB (and 315 s of CPU, 697 s of wall when first measured). The
 //! target of under 60 s is not met. 1 000 jobs on 104 GPUs: 133 MiB, 12.6 s
-//! of CPU (16.4 s before).
+//! of CPU (16.4 s before). Since status writes through the in-memory API
+//! server replace the stored status in place (no copy, merge or comparison
+//! of the rest of the object) and objects are serialized without `Display`,
+//! measured beside the code before on a machine loaded by other builds:
+//! 1 000 jobs on 104 GPUs 14.4 s of CPU before, 11.3 s after (134 MiB both);
+//! 10 000 jobs on 1 000 GPUs 258 s before (under a 49 Hz perf), 232 s after,
+//! 735 MiB, every invariant holding in both (the 10 000-job day's counts of
+//! shrunk and failed jobs vary by a few from run to run of the same code;
+//! the shipped scenarios' summaries are identical).
 
 use std::time::Instant;
 

@@ -68,6 +68,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 mod patch;
+mod status;
 use patch::json_patch;
 pub use patch::merge_patch;
 
@@ -160,7 +161,7 @@ impl Stored {
     /// The object kept as its JSON and its head only: a parsed copy of every
     /// object would triple what a day of ten thousand jobs keeps.
     fn new(value: Value) -> Arc<Stored> {
-        let json = Bytes::from(value.to_string());
+        let json = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
         let mut head = Map::new();
         if let Value::Object(mut m) = value {
             for k in ["apiVersion", "kind", "metadata"] {
@@ -627,6 +628,9 @@ impl Inner {
         let obj = Stored::new(obj);
         if ty == EventType::Deleted {
             self.objects.remove(key);
+        } else if let Some(slot) = self.objects.get_mut(key) {
+            // Replaced in place: no copy of the key, no second descent.
+            *slot = obj.clone();
         } else {
             self.objects.insert(key.clone(), obj.clone());
         }
@@ -875,7 +879,7 @@ fn json_response(code: StatusCode, v: &Value) -> Response {
     (
         code,
         [(header::CONTENT_TYPE, "application/json")],
-        v.to_string(),
+        serde_json::to_vec(v).unwrap_or_default(),
     )
         .into_response()
 }
@@ -1321,6 +1325,12 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     };
     let mut inner = shared.lock();
     let old = inner.objects.get(&key).cloned();
+    let w = match (status_only, &old, w) {
+        (true, Some(old), Write::Apply(Value::Object(p)) | Write::Merge(Value::Object(p))) => {
+            return status::write_status(shared, &mut inner, t, &key, old, p, dry_run);
+        }
+        (_, _, w) => w,
+    };
     let old_value = old.as_ref().map(|o| o.value());
     // The precondition a body may carry.
     let wanted_rv = match &w {
@@ -1404,7 +1414,9 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     if let Some(ns) = &t.ns {
         new["metadata"]["namespace"] = json!(ns);
     }
-    if let Some(k) = new["kind"].as_str() {
+    if let Some(k) = new["kind"].as_str()
+        && inner.kinds.get(&t.res).map(String::as_str) != Some(k)
+    {
         inner.kinds.insert(t.res.clone(), k.to_string());
     }
     new["apiVersion"] = json!(t.res.api_version());
@@ -1460,19 +1472,7 @@ fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Response {
     };
     let bump = matches!(&old_value, Some(o) if differs_beyond_meta_and_status(o, &new));
     let stored = inner.commit(shared, &key, Some(new), bump);
-    // The last finalizer removed from an object being deleted: it goes now.
-    if let Some(s) = &stored
-        && s["metadata"]["deletionTimestamp"].is_string()
-        && s["metadata"]["finalizers"]
-            .as_array()
-            .is_none_or(|f| f.is_empty())
-    {
-        inner.delete(shared, &key, true);
-    }
-    match stored {
-        Some(v) => stored_response(code, &v),
-        None => not_found(&t.res, &name),
-    }
+    status::committed(shared, &mut inner, t, &key, stored, code)
 }
 
 fn delete(
@@ -1575,8 +1575,8 @@ struct Watching {
 }
 
 fn line(v: &Value) -> Bytes {
-    let mut s = v.to_string();
-    s.push('\n');
+    let mut s = serde_json::to_vec(v).unwrap_or_default();
+    s.push(b'\n');
     Bytes::from(s)
 }
 
