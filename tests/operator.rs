@@ -640,10 +640,21 @@ async fn a_restart_mid_reconcile_creates_no_second_job_and_loses_no_status() {
         env_of(&job, "VRAMGUARD_MICRO_BATCH_SIZE").as_deref(),
         Some("1")
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A graceful stop lets the reconcile in flight finish.
     second.stop().await;
+    let seen = server.requests().len();
     let third = Replica::start(&server, "op-c");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The third replica leads and reads the recorded attempt's Job (the read its step of
+    // the admitted job starts with); stopped, its reconcile has ended.
+    let job_path = format!("/apis/batch/v1/namespaces/{NS}/jobs/train-0");
+    eventually("op-c to reconcile train", || async {
+        server.requests()[seen..]
+            .iter()
+            .any(|r| r.method == axum::http::Method::GET && r.path == job_path)
+            .then_some(())
+    })
+    .await;
+    third.stop().await;
     let jobs: Vec<Job> = server.objects::<Job>();
     assert_eq!(
         jobs.len(),
@@ -656,7 +667,6 @@ async fn a_restart_mid_reconcile_creates_no_second_job_and_loses_no_status() {
     assert_eq!(a.placement, b.placement);
     assert_eq!(a.plan, b.plan);
     assert_eq!(a.job_name, b.job_name);
-    third.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,13 +39,13 @@ fn fits_by_the_estimator(
     g: &'static GpuProduct,
     view: GpuView,
 ) {
-    let applied = plan.apply(job);
+    let applied = plan.apply(job).expect("the job takes a returned plan");
     let e = estimate::estimate(&applied, g).expect("a returned plan can be estimated");
     assert_eq!(e.status, plan.estimate, "the plan carries its own estimate");
     let v = plan::fit(
         e.status.per_gpu_bytes,
         e.status.largest_tensor_bytes,
-        job.spec.fit_policy.safety_margin,
+        job.spec().fit_policy.safety_margin,
         view,
     );
     assert!(v.fits, "plan {:?} does not fit: {v:?}", plan.changes);
@@ -172,8 +172,12 @@ fitPolicy: {mode: Adjust, allow: [zeroStage]}
     assert_eq!(p.changes, vec!["zeroStage: 0 → 3"]);
     fits_by_the_estimator(&j, p, g, empty(g));
     for stage in 0..3 {
-        let mut k = j.clone();
-        k.spec.parallelism.zero_stage = Some(stage);
+        let k = j
+            .with_settings(&vramguard::plan::Settings {
+                zero_stage: stage,
+                ..vramguard::plan::Settings::of(&j)
+            })
+            .expect("a ZeRO stage the job takes");
         let e = estimate::estimate(&k, g).expect("estimates");
         let v = plan::fit(
             e.status.per_gpu_bytes,
@@ -185,8 +189,7 @@ fitPolicy: {mode: Adjust, allow: [zeroStage]}
     }
 
     // The same job under Reject: no plan, and advice that names the policy change.
-    let mut r = j.clone();
-    r.spec.fit_policy.mode = FitMode::Reject;
+    let r = j.with_fit_mode(FitMode::Reject);
     let s = shrink(&r, g, empty(g)).expect("estimates");
     assert!(s.plan.is_none());
     let a = s.advice.expect("advice");
@@ -309,16 +312,16 @@ proptest! {
         let view = GpuView { total_bytes: g.total_bytes, free_bytes: free, largest_block_bytes: free };
         let Ok(s) = shrink(&j, g, view) else { return Ok(()) };
         prop_assert_eq!(s.plan.is_none(), s.advice.is_some());
-        let allowed = Allowance::from_policy(&j.spec.fit_policy);
+        let allowed = Allowance::from_policy(&j.spec().fit_policy);
         if let Some(p) = &s.plan {
             fits_by_the_estimator(&j, p, g, view);
             prop_assert!(p.slowdown >= 1.0);
             for f in p.changed_fields() {
-                prop_assert!(allowed.allows(f), "{:?} changed, allow {:?}", f, j.spec.fit_policy.allow);
+                prop_assert!(allowed.allows(f), "{:?} changed, allow {:?}", f, j.spec().fit_policy.allow);
             }
-            prop_assert!(p.settings.micro_batch_size >= j.spec.fit_policy.min_micro_batch_size);
-            prop_assert!(p.settings.micro_batch_size <= j.spec.training.micro_batch_size);
-            if j.spec.fit_policy.mode == FitMode::Reject || s.as_written.fits {
+            prop_assert!(p.settings.micro_batch_size >= j.spec().fit_policy.min_micro_batch_size);
+            prop_assert!(p.settings.micro_batch_size <= j.spec().training.micro_batch_size);
+            if j.spec().fit_policy.mode == FitMode::Reject || s.as_written.fits {
                 // Never changed: the plan is the spec as written.
                 prop_assert!(p.changes.is_empty());
                 prop_assert_eq!(p.settings, Settings::of(&j));

@@ -750,7 +750,8 @@ proptest! {
         let Ok(job) = validate(&spec) else { return Ok(()) };
         let Ok(shrink) = plan::shrink(&job, gpu, view) else { return Ok(()) };
         if let Some(p) = shrink.plan {
-            let applied = p.apply(&job);
+            let applied = p.apply(&job)
+                .map_err(|e| TestCaseError::fail(format!("the job does not take its plan: {e}")))?;
             let est = estimate::estimate(&applied, gpu)
                 .map_err(|e| TestCaseError::fail(format!("the plan cannot be estimated: {e}")))?;
             let verdict = plan::fit_estimate(&est, spec.fit_policy.safety_margin, view);

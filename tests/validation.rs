@@ -458,6 +458,43 @@ fn each_mistake_gets_one_error_naming_path_and_reason() {
 }
 
 #[test]
+fn an_unknown_layer_kind_names_every_valid_kind() {
+    let errs = errors(&job(
+        "model:\n  layers: [{flatten: {}}, {dense: {in: 784, out: 10}}, {linear: {in: 784, out: 10}}]\n  inputShape: [28, 28]",
+    ));
+    assert_eq!(paths(&errs), ["spec.model.layers[1]"], "{errs:?}");
+    assert_eq!(
+        errs[0].reason,
+        "unknown layer kind \"dense\"; valid kinds: linear, conv1d, conv2d, batchnorm, \
+         layernorm, groupnorm, relu, relu6, leakyRelu, gelu, silu, sigmoid, tanh, softmax, \
+         maxpool, avgpool, adaptiveAvgPool, dropout, flatten, embedding, residual, concat, \
+         gate, aux, attention, tokens, classToken, positionEmbedding, selectToken"
+    );
+    // Every kind it names is one a layer may be.
+    let kinds = errs[0]
+        .reason
+        .split("valid kinds: ")
+        .nth(1)
+        .expect("the list");
+    for kind in kinds.split(", ") {
+        let body = match kind {
+            "linear" => "{in: 784, out: 10}",
+            _ => "{}",
+        };
+        let spec = format!(
+            "model:\n  layers: [{{flatten: {{}}}}, {{{kind}: {body}}}]\n  inputShape: [28, 28]"
+        );
+        if let Err(errs) = check(&job(&spec)) {
+            assert!(
+                errs.iter()
+                    .all(|e| !e.reason.starts_with("unknown layer kind")),
+                "{kind}: {errs:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn all_problems_are_reported_at_once() {
     let spec = "\
 model: {preset: gpt2}
@@ -929,7 +966,10 @@ fn a_sequence_past_a_learned_position_table_is_refused() {
     );
     let hf = "model:\n  hfConfig: {model_type: gpt2, n_embd: 768, n_layer: 2, n_head: 12, vocab_size: 50257, n_positions: 256}\n  head: lm\ntraining: {mode: full, microBatchSize: 1, sequenceLength: 512}";
     assert_eq!(paths(&errors(&job(hf))), ["spec.training.sequenceLength"]);
-    check(&job(&hf.replace("sequenceLength: 512", "sequenceLength: 256"))).unwrap();
+    check(&job(
+        &hf.replace("sequenceLength: 512", "sequenceLength: 256")
+    ))
+    .unwrap();
     check(&job(
         "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 262144}",
     ))

@@ -24,8 +24,8 @@ pub use memory_profile::*;
 pub use runtime::{AllocatorConf, Batching, RuntimeFacts, RuntimeSpec};
 pub use training_job::*;
 pub use validate::{
-    FieldError, PRESET_HINT_ANNOTATION, ResolvedModel, ValidatedJob, ValidationErrors, validate,
-    validate_job,
+    ALL_FIELDS, FieldError, PRESET_HINT_ANNOTATION, ResolvedModel, Settings, ValidatedJob,
+    ValidationErrors, validate, validate_job,
 };
 
 /// The name serde gives an enum value (`bf16-mixed`), for env vars and words.

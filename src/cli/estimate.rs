@@ -196,7 +196,7 @@ pub fn report(
                 .iter()
                 .find(|m| m.name() == w.mechanism)
                 .map(|m| m.narrowed_by())
-                .unwrap_or(match job.spec.training.stack {
+                .unwrap_or(match job.spec().training.stack {
                     None => "training.stack, globalBatchSize, optimizerImplementation, parallelism.fsdpVersion",
                     Some(_) => "globalBatchSize, optimizerImplementation, parallelism.fsdpVersion",
                 });

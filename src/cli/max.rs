@@ -68,7 +68,7 @@ fn allowance(job: &ValidatedJob, all: bool) -> Allowance {
         return Allowance::all();
     }
     // What the job says may change, whether the webhook may change it (Adjust) or not.
-    job.spec
+    job.spec()
         .fit_policy
         .allow
         .iter()
@@ -83,7 +83,7 @@ pub fn report(
     all_changes: bool,
 ) -> Result<MaxReport, String> {
     let rows = table(job, gpu, allowance(job, all_changes)).map_err(|e| e.to_string())?;
-    let t = &job.spec.training;
+    let t = &job.spec().training;
     let fits = rows
         .first()
         .and_then(|r| r.micro_batch_size.value)
@@ -97,7 +97,7 @@ pub fn report(
         model: job.model_name.clone(),
         gpu: gpu.name.to_string(),
         usable_bytes: gpu.usable_bytes(),
-        safety_margin: job.spec.fit_policy.safety_margin,
+        safety_margin: job.spec().fit_policy.safety_margin,
         micro_batch_size: t.micro_batch_size,
         sequence_length: t.sequence_length,
         fits,

@@ -181,8 +181,8 @@ fn describe(r: &JobReport) -> String {
     let Some(job) = &r.job else {
         return r.model.clone();
     };
-    let t = &job.spec.training;
-    let p = &job.spec.parallelism;
+    let t = &job.spec().training;
+    let p = &job.spec().parallelism;
     let json = |v: &dyn erased::Name| v.name();
     let mut parts = vec![
         r.model.clone(),

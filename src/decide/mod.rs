@@ -111,7 +111,7 @@ pub fn candidate_plans(
     snapshot: &Snapshot,
     scale: f64,
 ) -> Result<Vec<Plan>, EstimateError> {
-    if Allowance::from_policy(&job.spec.fit_policy).is_empty() {
+    if Allowance::from_policy(&job.spec().fit_policy).is_empty() {
         return Ok(Vec::new());
     }
     let mut by_name: Vec<_> = snapshot.products().iter().collect();
@@ -168,21 +168,25 @@ pub fn choose(job: &ValidatedJob, view: &ClusterView<'_>) -> Result<Choice, Esti
             None,
         ));
     };
-    let shrunk = cheapest.apply(job);
-    match place(&shrunk)? {
-        PlaceOutcome::Placed(assignment) => {
-            return Ok(Choice::Run {
-                plan: Some(Box::new(cheapest)),
-                job: Box::new(shrunk),
-                assignment,
-            });
+    // Plans come from the shrink search, which keeps only settings the job takes.
+    if let Ok(shrunk) = cheapest.apply(job) {
+        match place(&shrunk)? {
+            PlaceOutcome::Placed(assignment) => {
+                return Ok(Choice::Run {
+                    plan: Some(Box::new(cheapest)),
+                    job: Box::new(shrunk),
+                    assignment,
+                });
+            }
+            PlaceOutcome::Wait { .. } => would_fit_later = true,
+            PlaceOutcome::Reject { .. } => {}
         }
-        PlaceOutcome::Wait { .. } => would_fit_later = true,
-        PlaceOutcome::Reject { .. } => {}
     }
     let plans = candidate_plans(job, view.snapshot, view.scale)?;
     for plan in plans.iter().filter(|p| p.settings != cheapest.settings) {
-        let shrunk = plan.apply(job);
+        let Ok(shrunk) = plan.apply(job) else {
+            continue;
+        };
         match place(&shrunk)? {
             PlaceOutcome::Placed(assignment) => {
                 return Ok(Choice::Run {
@@ -209,7 +213,7 @@ pub fn choose(job: &ValidatedJob, view: &ClusterView<'_>) -> Result<Choice, Esti
 /// product by product only below the best so far; `None` when no product
 /// has one or the fit policy allows no change.
 pub fn cheapest_plan(job: &ValidatedJob, snapshot: &Snapshot, scale: f64) -> Option<Plan> {
-    let allowed = Allowance::from_policy(&job.spec.fit_policy);
+    let allowed = Allowance::from_policy(&job.spec().fit_policy);
     if allowed.is_empty() {
         return None;
     }

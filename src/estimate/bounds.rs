@@ -187,7 +187,7 @@ impl Facts {
         Facts {
             runtime: job.runtime,
             allocator: job.allocator_conf,
-            batching: job.spec.training.batching,
+            batching: job.spec().training.batching,
         }
     }
 
@@ -357,7 +357,7 @@ pub fn sdpa_math_fallback(
     let facts = Facts::of(job);
     let grouped = arch.kv_heads < arch.heads && !own_modules;
     let head_dim = arch.head_dim;
-    let t = &job.spec.training;
+    let t = &job.spec().training;
     let sixteen_bit = !matches!(
         t.precision,
         crate::api::Precision::Fp32 | crate::api::Precision::Tf32
@@ -397,7 +397,7 @@ pub fn compiled_activations(
     job: &ValidatedJob,
     arch: &crate::api::arch::Arch,
 ) -> bool {
-    let t = &job.spec.training;
+    let t = &job.spec().training;
     let applies = t.compile
         && t.mode == crate::api::TrainingMode::Full
         && t.peft.is_none()

@@ -293,7 +293,7 @@ pub fn unsupported(job: &ValidatedJob, gpu: &GpuProduct) -> Option<String> {
     use crate::api::Precision;
     use gpus::Architecture;
     let bf16 = matches!(
-        job.spec.training.precision,
+        job.spec().training.precision,
         Precision::Bf16 | Precision::Bf16Mixed
     );
     let old = matches!(gpu.architecture, Architecture::Volta | Architecture::Turing);

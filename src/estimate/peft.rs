@@ -52,7 +52,7 @@ fn owned(v: &[&str]) -> Vec<String> {
 
 impl Peft {
     pub fn of(job: &ValidatedJob) -> Peft {
-        let t = &job.spec.training;
+        let t = &job.spec().training;
         let spec = t.peft.as_ref();
         match (t.mode, spec.map(|p| p.method)) {
             (TrainingMode::Lora | TrainingMode::Qlora, _) => Peft::Lora {

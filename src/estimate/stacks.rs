@@ -252,8 +252,8 @@ impl Profile {
     /// behaviour that cannot matter for `job` set to one value, so that two
     /// profiles that give the same bytes compare equal.
     fn for_job(mut self, job: &ValidatedJob) -> Profile {
-        let t = &job.spec.training;
-        let p = &job.spec.parallelism;
+        let t = &job.spec().training;
+        let p = &job.spec().parallelism;
         if let Some(imp) = t.optimizer_implementation {
             self.optimizer = imp;
         }
@@ -310,7 +310,7 @@ impl Profile {
 /// The profiles a job can run under, each applied to the job, duplicates
 /// removed: the first is the point estimate's, the others bound it above.
 pub fn profiles(job: &ValidatedJob) -> Vec<Profile> {
-    let named = job.spec.training.stack;
+    let named = job.spec().training.stack;
     let candidates: Vec<Profile> = match named {
         Some(s) => stack_profiles(s),
         None => ALL_STACKS.iter().flat_map(|s| stack_profiles(*s)).collect(),

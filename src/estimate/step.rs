@@ -229,7 +229,7 @@ impl StepModel {
         profile: &Profile,
         ends: &Ends,
     ) -> Vec<StepModel> {
-        let pp = job.spec.parallelism.pipeline_parallel.max(1);
+        let pp = job.spec().parallelism.pipeline_parallel.max(1);
         match &job.model {
             ResolvedModel::Transformer(arch) if pp > 1 => vec![
                 StepModel::with_stage(
@@ -282,8 +282,8 @@ impl StepModel {
         ends: &Ends,
         stage: Stage,
     ) -> StepModel {
-        let t = &job.spec.training;
-        let p = &job.spec.parallelism;
+        let t = &job.spec().training;
+        let p = &job.spec().parallelism;
         let overheads = gpus::overheads(gpu.architecture);
         let inference = t.mode == TrainingMode::Inference;
         let facts = Facts::of(job);
@@ -325,7 +325,7 @@ impl StepModel {
             },
             // With a globalBatchSize the steps are known; without one, the
             // stack's default decides (a plain PyTorch loop does not accumulate).
-            accumulating: match job.spec.training.global_batch_size {
+            accumulating: match job.spec().training.global_batch_size {
                 Some(_) => job.gradient_accumulation_steps > 1,
                 None => profile.accumulates_by_default,
             },
@@ -457,8 +457,8 @@ struct Recipe {
 }
 
 fn recipe(job: &ValidatedJob) -> Recipe {
-    let t = &job.spec.training;
-    let strategy = job.spec.parallelism.strategy;
+    let t = &job.spec().training;
+    let strategy = job.spec().parallelism.strategy;
     let (_, mixed) = precision_bytes(t.precision);
     let pure16 = matches!(t.precision, Precision::Bf16 | Precision::Fp16);
     // DeepSpeed and Megatron keep 16-bit modules with an fp32 master copy and
@@ -500,12 +500,12 @@ fn optimizer_bytes(
     r: &Recipe,
     hidden: f64,
 ) -> (f64, f64, f64) {
-    let strategy = job.spec.parallelism.strategy;
+    let strategy = job.spec().parallelism.strategy;
     // DeepSpeed and Megatron step their own fused optimizers whatever the loop.
     let foreach = matches!(strategy, Strategy::Ddp | Strategy::Fsdp)
         && profile.optimizer == OptimizerImplementation::Foreach;
     let s = r.state;
-    match job.spec.training.optimizer {
+    match job.spec().training.optimizer {
         // Two moments; the foreach implementation materialises one
         // moment-sized temporary (`_foreach_sqrt` of the second moments) over
         // the whole group (torch/optim/adamw.py, `_multi_tensor_adamw`); the
@@ -542,8 +542,8 @@ fn transformer_stage(
     profile: &Profile,
     ends: &Ends,
 ) -> Stage {
-    let t = &job.spec.training;
-    let p = &job.spec.parallelism;
+    let t = &job.spec().training;
+    let p = &job.spec().parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
     let r = recipe(job);
     let counts: Counts = params::count(arch, job.head, job.num_labels)
@@ -1175,7 +1175,7 @@ fn transformer_stage(
 ///   (torchao/optim/cpu_offload.py): the one being copied and the next.
 ///   Without `offload_gradients` the gradients stay on the GPU.
 fn offloaded_gradients(job: &ValidatedJob, largest_grad: f64) -> Option<f64> {
-    let p = &job.spec.parallelism;
+    let p = &job.spec().parallelism;
     match (p.offload, p.strategy) {
         (Offload::None, _) => None,
         (_, Strategy::Deepspeed) => Some(2.0 * largest_grad),
@@ -1194,7 +1194,7 @@ fn sharded_states(
     trainable: f64,
     hidden: f64,
 ) -> (f64, f64, f64, f64) {
-    let p = &job.spec.parallelism;
+    let p = &job.spec().parallelism;
     let dp = job.data_parallel.max(1) as f64;
     let mut grads = trainable * r.grad;
     if p.zero() >= 2 {
@@ -1225,8 +1225,8 @@ fn custom_stage(
     parameters: f64,
     act_per_sample: f64,
 ) -> Stage {
-    let t = &job.spec.training;
-    let p = &job.spec.parallelism;
+    let t = &job.spec().training;
+    let p = &job.spec().parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
     let r = recipe(job);
     let dp = job.data_parallel.max(1) as f64;
@@ -1298,8 +1298,8 @@ fn custom_stage(
 
 /// An MLP/CNN from a layer list: activations from shape propagation.
 fn layers_stage(job: &ValidatedJob, profile: &Profile, stack: &LayerStack, ends: &Ends) -> Stage {
-    let t = &job.spec.training;
-    let p = &job.spec.parallelism;
+    let t = &job.spec().training;
+    let p = &job.spec().parallelism;
     let (elem, mixed) = precision_bytes(t.precision);
     let r = recipe(job);
     let dp = job.data_parallel.max(1) as f64;

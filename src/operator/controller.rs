@@ -633,3 +633,6 @@ pub async fn run(
     .await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -50,7 +50,7 @@ pub(super) fn advise(
     allowed: Allowance,
     as_written: &Verdict,
 ) -> Advice {
-    let policy = &job.spec.fit_policy;
+    let policy = &job.spec().fit_policy;
     let short = match &as_written.allocator_limit {
         Some(c) if as_written.binding == Binding::AllocatorLimit => {
             c.explain(as_written.short_by_bytes)
@@ -146,7 +146,7 @@ pub(super) fn advise(
 /// Whole-card catalog GPUs (smallest first) that hold the job as written on an
 /// empty card, else with the cheapest all-allowed plan; the smallest need; how.
 fn bigger_gpus(job: &ValidatedJob) -> (Vec<&'static str>, Option<u64>, &'static str) {
-    let margin = job.spec.fit_policy.safety_margin;
+    let margin = job.spec().fit_policy.safety_margin;
     let mut cards: Vec<&'static GpuProduct> = gpus::GPUS.iter().filter(|g| !g.mig).collect();
     cards.sort_by(|a, b| {
         a.usable_bytes()

@@ -53,12 +53,16 @@ pub fn fits(
     settings: &Settings,
     sequence: u64,
 ) -> Result<bool, EstimateError> {
-    let mut work = job.clone();
-    settings.apply_to(&mut work);
-    work.spec.training.sequence_length = sequence;
+    // Settings or a length the job does not take do not fit.
+    let Ok(work) = job
+        .with_settings(settings)
+        .and_then(|j| j.with_sequence_length(sequence))
+    else {
+        return Ok(false);
+    };
     let est = super::memo::estimate(&work, gpu)?;
     let view = GpuView::empty(gpu.usable_bytes());
-    Ok(fit_estimate(&est, job.spec.fit_policy.safety_margin, view).fits)
+    Ok(fit_estimate(&est, job.spec().fit_policy.safety_margin, view).fits)
 }
 
 /// The largest n in 1..=cap with `ok(n)`, for `ok` true up to some n and false above.
@@ -189,7 +193,7 @@ fn row(
     field: Option<AdjustableField>,
     settings: Settings,
 ) -> Result<Row, EstimateError> {
-    let seq = job.spec.training.sequence_length;
+    let seq = job.spec().training.sequence_length;
     let micro_batch_size = largest(MAX_MICRO_BATCH, |n| {
         fits(
             job,
@@ -202,8 +206,13 @@ fn row(
         )
     })?;
     let sequence_length = match job.model {
+        // Context parallelism splits the sequence evenly: only its multiples are lengths the
+        // job takes.
         ResolvedModel::Transformer(_) => {
-            Some(largest(MAX_SEQUENCE, |n| fits(job, gpu, &settings, n))?)
+            let step = job.spec().parallelism.context_parallel.max(1);
+            let mut l = largest(MAX_SEQUENCE / step, |k| fits(job, gpu, &settings, k * step))?;
+            l.value = l.value.map(|k| k * step);
+            Some(l)
         }
         _ => None,
     };
@@ -245,6 +254,33 @@ pub fn field_name(f: AdjustableField) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_sequence_is_one_context_parallelism_splits_evenly() {
+        let j = crate::api::test_job(
+            "
+model: {preset: llama-3.1-8b}
+training: {mode: lora, sequenceLength: 3072, gradientCheckpointing: full}
+parallelism: {gpus: 3, contextParallel: 3}
+",
+        );
+        let h100 = crate::estimate::gpus::find("h100-80gb").expect("catalog GPU");
+        let rows = table(&j, h100, Allowance::none()).expect("estimates");
+        let longest = rows[0]
+            .sequence_length
+            .expect("a transformer's row has one");
+        let n = longest.value.expect("some length fits");
+        assert_eq!(
+            n % 3,
+            0,
+            "{n} tokens do not split over 3 context-parallel ranks"
+        );
+        assert!(longest.estimates <= 2 * 22 + 1, "{longest:?}");
+        // The next length the job takes does not fit (unless the cap was reached).
+        let settings = Settings::of(&j);
+        assert!(fits(&j, h100, &settings, n).expect("estimates"));
+        assert!(longest.capped || !fits(&j, h100, &settings, n + 3).expect("estimates"));
+    }
 
     #[test]
     fn largest_finds_the_boundary_in_few_steps() {

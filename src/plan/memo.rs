@@ -114,12 +114,10 @@ training: {mode: lora, microBatchSize: 4, globalBatchSize: 32, sequenceLength: 4
         let a100 = gpus::find("a100-40gb").expect("catalog GPU");
         let mut jobs = Vec::new();
         for micro in [1, 2, 4] {
-            let mut j = base.clone();
-            let mut s = Settings::of(&j);
+            let mut s = Settings::of(&base);
             s.micro_batch_size = micro;
             s.gradient_accumulation_steps = 32 / micro;
-            s.apply_to(&mut j);
-            jobs.push(j);
+            jobs.push(base.with_settings(&s).expect("a valid micro-batch"));
         }
         // Twice over, in either order: each answer is that job's on that GPU.
         for _ in 0..2 {

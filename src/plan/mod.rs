@@ -271,7 +271,7 @@ pub fn shrink(
             advice: None,
         });
     }
-    let allowed = Allowance::from_policy(&job.spec.fit_policy);
+    let allowed = Allowance::from_policy(&job.spec().fit_policy);
     let advice = advise(job, gpu, view, allowed, &as_written);
     Ok(Shrink {
         gpu: gpu.name,

@@ -235,9 +235,9 @@ fn place_job(
     scale: f64,
 ) -> Result<PlaceOutcome, EstimateError> {
     let request = Request {
-        gpus: job.spec.parallelism.gpus,
+        gpus: job.spec().parallelism.gpus,
         gpus_per_node: job.gpus_per_node,
-        safety_margin: job.spec.fit_policy.safety_margin,
+        safety_margin: job.spec().fit_policy.safety_margin,
         tolerations,
         now,
     };

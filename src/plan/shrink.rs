@@ -114,8 +114,8 @@ pub(super) struct Options {
 }
 
 pub(super) fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) -> Options {
-    let t = &job.spec.training;
-    let p = &job.spec.parallelism;
+    let t = &job.spec().training;
+    let p = &job.spec().parallelism;
     let inference = t.mode == TrainingMode::Inference;
     let mut o = Options {
         precision: vec![t.precision],
@@ -172,8 +172,8 @@ pub(super) fn options(job: &ValidatedJob, gpu: &GpuProduct, allow: Allowance) ->
 }
 
 fn combos(job: &ValidatedJob, o: &Options) -> Vec<Combo> {
-    let t = &job.spec.training;
-    let written_zero = job.spec.parallelism.zero();
+    let t = &job.spec().training;
+    let written_zero = job.spec().parallelism.zero();
     let mut out = Vec::with_capacity(
         o.precision.len()
             * o.checkpointing.len()
@@ -223,7 +223,7 @@ fn combos(job: &ValidatedJob, o: &Options) -> Vec<Combo> {
 /// Micro-batches a plan may use, ascending: divisors of micro × accumulation
 /// between the allowed minimum and the written micro-batch (never larger).
 fn micro_candidates(job: &ValidatedJob, allow: Allowance) -> Vec<u64> {
-    let micro = job.spec.training.micro_batch_size.max(1);
+    let micro = job.spec().training.micro_batch_size.max(1);
     if !allow.allows(AdjustableField::MicroBatchSize) {
         return vec![micro];
     }
@@ -280,15 +280,14 @@ pub fn search_below(
     limit: f64,
 ) -> Option<Plan> {
     let original = Settings::of(job);
-    let margin = job.spec.fit_policy.safety_margin;
+    let margin = job.spec().fit_policy.safety_margin;
     let micros = micro_candidates(job, allow);
     let combos = combos(job, &options(job, gpu, allow));
     let samples = original.micro_batch_size * original.gradient_accumulation_steps.max(1);
-    let seq = job.spec.training.sequence_length;
+    let seq = job.spec().training.sequence_length;
     let slowdown = |micro: u64| cost::micro_batch_slowdown(original.micro_batch_size, micro, seq);
 
-    let mut work = job.clone();
-    let mut eval = |combo: &Combo, micro: u64| -> Option<(Settings, EstimateStatus, Verdict)> {
+    let eval = |combo: &Combo, micro: u64| -> Option<(Settings, EstimateStatus, Verdict)> {
         let settings = Settings {
             micro_batch_size: micro,
             gradient_accumulation_steps: samples / micro,
@@ -298,7 +297,8 @@ pub fn search_below(
             zero_stage: combo.zero_stage,
             loss: combo.loss,
         };
-        settings.apply_to(&mut work);
+        // Settings the job does not take are no plan.
+        let work = job.with_settings(&settings).ok()?;
         let est = super::memo::estimate(&work, gpu).ok()?;
         let v = fit_estimate(&est, margin, view);
         v.fits.then_some((settings, est.status, v))
@@ -366,7 +366,7 @@ pub(super) fn as_written_and_plan(
     gpu: &'static GpuProduct,
     view: GpuView,
 ) -> Result<(Verdict, Option<Plan>), EstimateError> {
-    let policy = &job.spec.fit_policy;
+    let policy = &job.spec().fit_policy;
     let est = super::memo::estimate(job, gpu)?;
     let as_written = fit_estimate(&est, policy.safety_margin, view);
     if as_written.fits {
@@ -429,9 +429,9 @@ fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing, optimiz
     #[test]
     fn allowance_from_policy() {
         let j = job(FULL_8B);
-        let a = Allowance::from_policy(&j.spec.fit_policy);
+        let a = Allowance::from_policy(&j.spec().fit_policy);
         assert!(a.allows(AdjustableField::ZeroStage));
-        let mut reject = j.spec.fit_policy.clone();
+        let mut reject = j.spec().fit_policy.clone();
         reject.mode = FitMode::Reject;
         assert!(Allowance::from_policy(&reject).is_empty());
         assert_eq!(Allowance::all().min_micro_batch_size, 1);
@@ -482,7 +482,7 @@ fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
         let s = shrink(&j, g, empty(g)).expect("estimates");
         assert!(!s.as_written.fits);
         let p = s.plan.expect("some allowed change fits");
-        let applied = p.apply(&j);
+        let applied = p.apply(&j).expect("the job takes its plan");
         assert_eq!(effective_batch(&applied), effective_batch(&j));
         let e = crate::estimate::estimate(&applied, g).expect("estimates");
         assert_eq!(e.status, p.estimate);
@@ -497,14 +497,13 @@ fitPolicy: {mode: Adjust, allow: [microBatchSize, gradientCheckpointing]}
         );
         assert!(p.slowdown >= 1.0);
         assert!(!p.changes.is_empty());
-        let allowed = Allowance::from_policy(&j.spec.fit_policy);
+        let allowed = Allowance::from_policy(&j.spec().fit_policy);
         assert!(p.changed_fields().iter().all(|f| allowed.allows(*f)));
     }
 
     #[test]
     fn reject_mode_gives_advice_not_a_plan() {
-        let mut j = job(LORA_8B);
-        j.spec.fit_policy.mode = FitMode::Reject;
+        let j = job(LORA_8B).with_fit_mode(FitMode::Reject);
         let g = gpu("a100-40gb");
         let s = shrink(&j, g, empty(g)).expect("estimates");
         assert!(s.plan.is_none());
@@ -521,9 +520,17 @@ model: {preset: llama-3.2-1b}
 training: {mode: full, microBatchSize: 1, sequenceLength: 2048, precision: fp32}
 fitPolicy: {mode: Adjust, allow: [precision]}
 ");
-        let o = options(&j, gpu("v100"), Allowance::from_policy(&j.spec.fit_policy));
+        let o = options(
+            &j,
+            gpu("v100"),
+            Allowance::from_policy(&j.spec().fit_policy),
+        );
         assert_eq!(o.precision, vec![Precision::Fp32, Precision::Fp16Mixed]);
-        let o = options(&j, gpu("h100"), Allowance::from_policy(&j.spec.fit_policy));
+        let o = options(
+            &j,
+            gpu("h100"),
+            Allowance::from_policy(&j.spec().fit_policy),
+        );
         assert_eq!(o.precision, vec![Precision::Fp32, Precision::Bf16Mixed]);
     }
 

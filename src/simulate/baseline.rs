@@ -256,7 +256,7 @@ pub fn run(scenario: &Scenario, prepared: &[Prepared]) -> Baseline {
             let Some(job) = p.validated.as_ref() else {
                 continue;
             };
-            let gpus = job.spec.parallelism.gpus;
+            let gpus = job.spec().parallelism.gpus;
             let per_node = job.gpus_per_node.clamp(1, gpus.max(1));
             let want_nodes = gpus.div_ceil(per_node);
             let per_node = u32::try_from(per_node).unwrap_or(u32::MAX);

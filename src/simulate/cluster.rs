@@ -423,9 +423,9 @@ fn plan_from_env(job: &Job, written: &ValidatedJob) -> ValidatedJob {
             _ => {}
         }
     }
-    let mut job = written.clone();
-    settings.apply_to(&mut job);
-    job
+    // The operator writes only settings the job takes; any others: as written.
+    let planned = written.with_settings(&settings);
+    planned.unwrap_or_else(|_| written.clone())
 }
 
 impl Cluster {

@@ -17,7 +17,7 @@ use super::scenario::{Residuals, TrueNeed};
 /// The hidden factor of a job shape, drawn from `spread` by a hash of the
 /// shape and the seed.
 pub fn drawn_factor(job: &ValidatedJob, seed: u64, spread: (f64, f64)) -> f64 {
-    let fp = fingerprint::fingerprint(&job.spec);
+    let fp = fingerprint::fingerprint(job.spec());
     let h = fingerprint::fnv1a(format!("{seed}/{fp}").as_bytes());
     // 53 random bits → [0, 1).
     let u = (h >> 11) as f64 / (1u64 << 53) as f64;
@@ -29,13 +29,13 @@ pub fn drawn_factor(job: &ValidatedJob, seed: u64, spread: (f64, f64)) -> f64 {
 /// on several GPUs and the table has it), else every ratio of the table. The
 /// same shape always draws the same ratio.
 pub fn drawn_residual(job: &ValidatedJob, seed: u64, table: &Residuals) -> f64 {
-    let mode = serde_json::to_value(job.spec.training.mode)
+    let mode = serde_json::to_value(job.spec().training.mode)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     let sharded = format!("sharded-{mode}");
     let all: Vec<f64>;
-    let ratios: &[f64] = match (job.spec.parallelism.gpus > 1)
+    let ratios: &[f64] = match (job.spec().parallelism.gpus > 1)
         .then(|| table.get(&sharded))
         .flatten()
         .or_else(|| table.get(&mode))
@@ -49,7 +49,7 @@ pub fn drawn_residual(job: &ValidatedJob, seed: u64, table: &Residuals) -> f64 {
     if ratios.is_empty() {
         return 1.0;
     }
-    let fp = fingerprint::fingerprint(&job.spec);
+    let fp = fingerprint::fingerprint(job.spec());
     let h = fingerprint::fnv1a(format!("{seed}/residual/{fp}").as_bytes());
     ratios[(h % ratios.len() as u64) as usize]
 }

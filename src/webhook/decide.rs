@@ -308,7 +308,7 @@ fn judge(
         );
     }
     // What earlier runs of jobs of this shape proved the estimate misses.
-    let scale = snapshot.learnt_scale(&job.spec);
+    let scale = snapshot.learnt_scale(job.spec());
     let no_reservations = plan::ReservationIndex::new();
     let view = ClusterView {
         snapshot,
@@ -364,9 +364,9 @@ fn on_empty_gpus<'a>(
     snapshot: &'a Snapshot,
     scale: f64,
 ) -> Result<OnEmpty<'a>, Judgement> {
-    let gpus_needed = job.spec.parallelism.gpus;
+    let gpus_needed = job.spec().parallelism.gpus;
     let single_node = gpus_needed <= job.gpus_per_node;
-    let margin = job.spec.fit_policy.safety_margin;
+    let margin = job.spec().fit_policy.safety_margin;
     let eligible: Vec<&ProductCount> = snapshot
         .products()
         .iter()
@@ -434,7 +434,7 @@ fn rejected(
     // The cheapest plan over the products with enough GPUs, the first by
     // name winning a tie: each is searched only for a plan strictly cheaper
     // than the best so far.
-    let allowed = Allowance::from_policy(&job.spec.fit_policy);
+    let allowed = Allowance::from_policy(&job.spec().fit_policy);
     if any_plan && !allowed.is_empty() {
         let mut by_name = empty.eligible.clone();
         by_name.sort_by(|a, b| a.product.cmp(&b.product));
@@ -460,9 +460,9 @@ fn rejected(
         }
     }
     let products = snapshot.products();
-    let gpus_needed = job.spec.parallelism.gpus;
+    let gpus_needed = job.spec().parallelism.gpus;
     let single_node = gpus_needed <= job.gpus_per_node;
-    let margin = job.spec.fit_policy.safety_margin;
+    let margin = job.spec().fit_policy.safety_margin;
     let eligible = empty.eligible;
     let need = empty.need;
 

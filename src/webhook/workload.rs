@@ -323,9 +323,8 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
     }
     // Advice may propose the changes the fit policy allows (the trainer's
     // knobs for a command line); nothing is applied: the job runs as written.
-    let mut job = j.validated.clone();
-    job.spec.fit_policy.mode = FitMode::Adjust;
-    let scale = snapshot.learnt_scale(&job.spec);
+    let job = j.validated.with_fit_mode(FitMode::Adjust);
+    let scale = snapshot.learnt_scale(job.spec());
     let none = plan::ReservationIndex::new();
     let view = ClusterView {
         snapshot: &snapshot,
@@ -342,10 +341,10 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
         return Assessment::Fits;
     }
     // Does it fit as written on empty GPUs of some product it may run on?
-    let margin = job.spec.fit_policy.safety_margin;
+    let margin = job.spec().fit_policy.safety_margin;
     let mut need: Option<(u64, String, u64)> = None;
     for p in snapshot.products() {
-        if p.gpus < job.spec.parallelism.gpus {
+        if p.gpus < job.spec().parallelism.gpus {
             continue;
         }
         let gpu = p.catalog.unwrap_or_else(crate::decide::fallback_product);

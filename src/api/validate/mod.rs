@@ -17,10 +17,16 @@ use quantization::{hf_quantization, quantization_format};
 mod model;
 mod peft;
 mod quantization;
+mod settings;
 use crate::api::arch::{Act, Arch, Kind, Mlp, Norm};
 use crate::api::framework::{FrameworkAllocator, allocator_of};
 use crate::api::params;
 use crate::api::presets;
+pub use settings::{ALL_FIELDS, Settings, yaml_name};
+use settings::{
+    cache_holds, checkpoint_every, context_parallel_divides, micro_batch, offload,
+    offload_gradients, sequence_length_range, zero_stage,
+};
 
 /// Largest parameter count we accept (a quadrillion: 2 500 × Llama-3.1-405B).
 pub const MAX_PARAMETERS: f64 = 1e15;
@@ -111,8 +117,9 @@ pub enum ResolvedModel {
 /// A spec that passed validation, with every default resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidatedJob {
-    /// The spec as written, defaults filled in by serde.
-    pub spec: TrainingJobSpec,
+    /// The spec as written, defaults filled in by serde; read through [`Self::spec`],
+    /// changed only through the `with_` methods, which validate again.
+    spec: TrainingJobSpec,
     pub model: ResolvedModel,
     /// Short human name of the model (`llama-3.1-8b`, `transformer 32×4096`).
     pub model_name: String,
@@ -138,6 +145,13 @@ pub struct ValidatedJob {
     pub runtime: crate::api::RuntimeFacts,
     /// The caching allocator's settings from the trainer's environment.
     pub allocator_conf: crate::api::AllocatorConf,
+}
+
+impl ValidatedJob {
+    /// The spec as validated (defaults filled in, the ZeRO stage written down).
+    pub fn spec(&self) -> &TrainingJobSpec {
+        &self.spec
+    }
 }
 
 /// The most positions a generation may add or a KV cache may hold (16 Mi).
@@ -257,18 +271,8 @@ fn validate_hinted(
     }
 
     // Training.
-    errs.at_least("spec.training.microBatchSize", t.micro_batch_size, 1);
-    errs.at_most(
-        "spec.training.microBatchSize",
-        t.micro_batch_size,
-        MAX_MICRO_BATCH,
-    );
-    errs.at_least("spec.training.sequenceLength", t.sequence_length, 1);
-    errs.at_most(
-        "spec.training.sequenceLength",
-        t.sequence_length,
-        MAX_SEQUENCE_LENGTH,
-    );
+    micro_batch(&mut errs, t.micro_batch_size);
+    sequence_length_range(&mut errs, t.sequence_length);
     if t.data_on_gpu_bytes as f64 > MAX_BYTES {
         errs.push(
             "spec.training.dataOnGpuBytes",
@@ -484,15 +488,7 @@ fn validate_hinted(
             MAX_GENERATED_TOKENS,
         );
         if let Some(len) = g.cache_length {
-            let needed = t.sequence_length.saturating_add(g.new_tokens);
-            if len < needed {
-                errs.push(
-                    "spec.training.generation.cacheLength",
-                    format!(
-                        "{len} cannot hold the prompt and the generated tokens; use at least sequenceLength + newTokens = {needed}, or leave it out for a cache that grows"
-                    ),
-                );
-            }
+            cache_holds(&mut errs, t.sequence_length, g.new_tokens, len);
             errs.at_most(
                 "spec.training.generation.cacheLength",
                 len,
@@ -514,14 +510,7 @@ fn validate_hinted(
     errs.at_least("spec.parallelism.pipelineParallel", p.pipeline_parallel, 1);
     errs.at_least("spec.parallelism.contextParallel", p.context_parallel, 1);
     errs.at_least("spec.parallelism.virtualStages", p.virtual_stages, 1);
-    if let Some(z) = p.zero_stage
-        && z > 3
-    {
-        errs.push(
-            "spec.parallelism.zeroStage",
-            format!("{z} is not a ZeRO stage; allowed: 0, 1, 2, 3"),
-        );
-    }
+    zero_stage(&mut errs, p);
     if let Some(sharding) = p.sharding {
         if p.strategy != Strategy::Fsdp {
             errs.push(
@@ -592,17 +581,7 @@ fn validate_hinted(
             "more than 1 needs pipelineSchedule: interleaved-1f1b",
         );
     }
-    match p.offload {
-        Offload::Optimizer if p.zero() == 0 && p.strategy != Strategy::Ddp => errs.push(
-            "spec.parallelism.offload",
-            "optimizer offload needs zeroStage ≥ 1, or strategy: ddp (torchao's CPUOffloadOptimizer)",
-        ),
-        Offload::OptimizerAndParameters if p.zero() != 3 => errs.push(
-            "spec.parallelism.offload",
-            "parameter offload needs zeroStage: 3",
-        ),
-        _ => {}
-    }
+    offload(&mut errs, p);
     if let Some(target) = t.target_length {
         let encoder_decoder = matches!(
             &model,
@@ -631,15 +610,7 @@ fn validate_hinted(
                 ),
             );
         }
-        if p.context_parallel > 1 && !t.sequence_length.is_multiple_of(p.context_parallel) {
-            errs.push(
-                "spec.parallelism.contextParallel",
-                format!(
-                    "{} does not divide sequenceLength {}",
-                    p.context_parallel, t.sequence_length
-                ),
-            );
-        }
+        context_parallel_divides(&mut errs, p, t);
     } else if model.is_some() && model_parallel.is_some_and(|m| m > 1) {
         errs.push(
             "spec.parallelism",
@@ -667,21 +638,7 @@ fn validate_hinted(
         }
     }
     let p = &spec.parallelism;
-    if p.offload_gradients {
-        if p.offload != Offload::Optimizer || p.strategy != Strategy::Ddp {
-            errs.push(
-                "spec.parallelism.offloadGradients",
-                "is torchao's CPUOffloadOptimizer option; it needs offload: optimizer and strategy: ddp",
-            );
-        } else if gradient_accumulation_steps > 1 {
-            errs.push(
-                "spec.parallelism.offloadGradients",
-                format!(
-                    "frees each gradient once it is on the host, which gradient accumulation ({gradient_accumulation_steps} steps) cannot do; set it false or globalBatchSize to microBatchSize × data-parallel ranks"
-                ),
-            );
-        }
-    }
+    offload_gradients(&mut errs, p, gradient_accumulation_steps);
 
     // Fit policy.
     let fp = &spec.fit_policy;

@@ -105,16 +105,7 @@ pub fn block_projections() -> &'static [&'static str] {
 /// we know, with parameters in range; `checkpointEvery` is at least 1.
 pub(super) fn validate_peft(errs: &mut Errors, t: &crate::api::TrainingSpec, transformer: bool) {
     use crate::api::PeftMethod;
-    if let Some(n) = t.checkpoint_every {
-        errs.at_least("spec.training.checkpointEvery", n, 1);
-        errs.at_most("spec.training.checkpointEvery", n, 1 << 16);
-        if t.gradient_checkpointing == crate::api::Checkpointing::None {
-            errs.push(
-                "spec.training.checkpointEvery",
-                "only used with gradientCheckpointing selective, op-selective or full",
-            );
-        }
-    }
+    super::checkpoint_every(errs, t);
     let Some(p) = &t.peft else {
         return;
     };

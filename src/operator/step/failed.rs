@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Count, Effect, Next, Observed, Step, finish, profile_name};
-use crate::api::{Observation, OomRecord, Phase, TrainingJob, TrainingJobStatus};
+use crate::api::{Learned, Observation, OomRecord, Phase, TrainingJob, TrainingJobStatus};
 use crate::estimate;
 use crate::operator::admit;
 use crate::operator::conditions::{self as cond, truncate};
@@ -85,11 +85,7 @@ pub(super) fn step(
 ) -> Step {
     let attempt = status.oom_retries;
     let t = &seen.now;
-    let estimated = status
-        .estimate
-        .as_ref()
-        .map(|e| e.fit_per_gpu_bytes())
-        .unwrap_or(0);
+    let estimated = estimated_bytes(&status);
     let Some(found) = seen.failure else {
         let message = format!("Job {job_name} failed: {job_message}");
         let condition = (cond::RUNNING, "JobFailed");
@@ -132,6 +128,15 @@ pub(super) fn step(
     }
 }
 
+/// The upper end of the attempt's estimate (what it was admitted with), bytes per GPU.
+fn estimated_bytes(status: &TrainingJobStatus) -> u64 {
+    status
+        .estimate
+        .as_ref()
+        .map(|e| e.fit_per_gpu_bytes())
+        .unwrap_or(0)
+}
+
 /// A GPU OOM: learnt, then retried with the lesson or, with every retry
 /// used, the end.
 fn gpu_oom(
@@ -143,12 +148,7 @@ fn gpu_oom(
     job_name: &str,
 ) -> Step {
     let attempt = status.oom_retries;
-    let generation = tj.metadata.generation;
-    let estimated = status
-        .estimate
-        .as_ref()
-        .map(|e| e.fit_per_gpu_bytes())
-        .unwrap_or(0);
+    let estimated = estimated_bytes(&status);
     // What an OOM proves is measured against the estimate's point, not its
     // upper end: the learnt scale multiplies the upper end of later
     // estimates (other plans, other GPUs), whose spread over the point
@@ -160,23 +160,18 @@ fn gpu_oom(
         .map(|e| e.per_gpu_bytes)
         .filter(|b| *b > 0)
         .unwrap_or(estimated);
-    let lesson = learn::learn(
-        o,
-        status.learned.as_ref(),
-        point,
-        status
-            .placement
-            .as_ref()
-            .and_then(admit::placed_catalog)
-            .map(|p| p.usable_bytes()),
-    );
-    let fp = fingerprint::fingerprint(&tj.spec);
+    let usable = status
+        .placement
+        .as_ref()
+        .and_then(admit::placed_catalog)
+        .map(|p| p.usable_bytes());
+    let lesson = learn::learn(o, status.learned.as_ref(), point, usable);
     let profile = profile_name(tj);
     let observed = lesson.observed_bytes.filter(|_| !lesson.fragmentation);
     let before: Vec<Effect> = observed
         .map(|observed| Effect::Learn {
             profile: profile.clone(),
-            fingerprint: fp,
+            fingerprint: fingerprint::fingerprint(&tj.spec),
             observation: Box::new(Observation {
                 job: ledger::key(tj),
                 attempt,
@@ -193,7 +188,6 @@ fn gpu_oom(
         observed: lesson.observed_bytes,
         estimated,
     });
-    let max = tj.spec.fit_policy.max_oom_retries;
     let what = format!(
         "attempt {attempt} ran out of GPU memory (pod {}, container {}): {}",
         found.pod,
@@ -204,12 +198,27 @@ fn gpu_oom(
     learned.profile = Some(profile);
     status.last_oom = Some(record(found, attempt, estimated, lesson.observed_bytes));
     status.learned = Some(learned.clone());
-    if attempt >= max {
-        let mut s = exhausted(tj, status, t, &what, estimated, lesson.observed_bytes);
-        s.before = before;
-        s.after.insert(0, counted);
-        return s;
-    }
+    let mut s = if attempt >= tj.spec.fit_policy.max_oom_retries {
+        exhausted(tj, status, t, &what, estimated, lesson.observed_bytes)
+    } else {
+        retry(tj, status, t, &learned, &what, job_name)
+    };
+    s.before = before;
+    s.after.insert(0, counted);
+    s
+}
+
+/// A GPU OOM with a retry left: pending again, with what was learnt (in
+/// `status.learned`), the attempt's Job deleted and its hold given back.
+fn retry(
+    tj: &TrainingJob,
+    mut status: TrainingJobStatus,
+    t: &Time,
+    learned: &Learned,
+    what: &str,
+    job_name: &str,
+) -> Step {
+    let attempt = status.oom_retries;
     let next = if learned.expandable_segments
         && !status.plan.as_ref().is_some_and(|p| p.expandable_segments)
     {
@@ -226,7 +235,7 @@ fn gpu_oom(
             status_,
             "GpuOutOfMemory",
             &message,
-            generation,
+            tj.metadata.generation,
             t,
         );
     }
@@ -236,10 +245,8 @@ fn gpu_oom(
     status.job_name = None;
     status.message = Some(truncate(&message, 4096));
     let mut s = Step::new(Next::Soon);
-    s.before = before;
     s.status = Some(status);
     s.after = vec![
-        counted,
         Effect::Count(Count::OomRetry),
         // Replace the Job: its pods go with it.
         Effect::DeleteJob {
