@@ -147,7 +147,7 @@ pub(super) fn sizes_the_model_takes(
     sequence_length: u64,
     tensor_parallel: u64,
 ) {
-    if arch.heads % tensor_parallel.max(1) != 0 {
+    if !arch.heads.is_multiple_of(tensor_parallel.max(1)) {
         errs.push(
             "spec.parallelism.tensorParallel",
             format!(
