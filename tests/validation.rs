@@ -950,28 +950,3 @@ fn offloaded_gradients_need_torchaos_offload_and_no_accumulation() {
     ));
     assert_eq!(paths(&errs), ["spec.parallelism.offload"]);
 }
-
-/// A learned position table has one row per position: GPT-2 (1 024) and
-/// BERT (512) cannot run a longer sequence, which fails on a GPU at the first
-/// step; a rotary model has no such table, whatever its config's maximum.
-#[test]
-fn a_sequence_past_a_learned_position_table_is_refused() {
-    let e = errors(&job(
-        "model: {preset: gpt2}\ntraining: {mode: full, microBatchSize: 1, sequenceLength: 2048}",
-    ));
-    assert_eq!(paths(&e), ["spec.training.sequenceLength"], "{e:?}");
-    assert_eq!(
-        e[0].reason,
-        "2048 is longer than the model's learned position table (1024 positions); use at most 1024"
-    );
-    let hf = "model:\n  hfConfig: {model_type: gpt2, n_embd: 768, n_layer: 2, n_head: 12, vocab_size: 50257, n_positions: 256}\n  head: lm\ntraining: {mode: full, microBatchSize: 1, sequenceLength: 512}";
-    assert_eq!(paths(&errors(&job(hf))), ["spec.training.sequenceLength"]);
-    check(&job(
-        &hf.replace("sequenceLength: 512", "sequenceLength: 256")
-    ))
-    .unwrap();
-    check(&job(
-        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, microBatchSize: 1, sequenceLength: 262144}",
-    ))
-    .unwrap();
-}

@@ -598,7 +598,7 @@ fn validate_hinted(
         errs.at_most("spec.training.targetLength", target, MAX_SEQUENCE_LENGTH);
     }
     if let Some(ResolvedModel::Transformer(arch)) = &model {
-        model::sizes_the_model_takes(&mut errs, arch, t.sequence_length, p.tensor_parallel);
+        model::sizes_the_model_takes(&mut errs, arch, p.tensor_parallel);
         let stages = p.pipeline_parallel.saturating_mul(p.virtual_stages);
         let blocks = arch.layers.saturating_add(arch.decoder_layers);
         if stages > blocks {

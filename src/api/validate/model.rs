@@ -136,32 +136,14 @@ fn custom_model(errs: &mut Errors, c: &CustomModel) -> (Option<ResolvedModel>, S
     )
 }
 
-/// Sizes the model itself bounds. A learned position table (GPT-2's
-/// `n_positions`, BERT's `max_position_embeddings`) has one row per
-/// position: a longer sequence indexes past it, and the run fails on its
-/// first step (on a GPU: "vectorized gather kernel index out of bounds").
 /// Tensor parallelism splits the attention heads.
-pub(super) fn sizes_the_model_takes(
-    errs: &mut Errors,
-    arch: &Arch,
-    sequence_length: u64,
-    tensor_parallel: u64,
-) {
+pub(super) fn sizes_the_model_takes(errs: &mut Errors, arch: &Arch, tensor_parallel: u64) {
     if !arch.heads.is_multiple_of(tensor_parallel.max(1)) {
         errs.push(
             "spec.parallelism.tensorParallel",
             format!(
                 "{tensor_parallel} does not divide the model's {} attention heads",
                 arch.heads
-            ),
-        );
-    }
-    if arch.max_positions > 0 && sequence_length > arch.max_positions {
-        errs.push(
-            "spec.training.sequenceLength",
-            format!(
-                "{sequence_length} is longer than the model's learned position table ({} positions); use at most {}",
-                arch.max_positions, arch.max_positions
             ),
         );
     }
