@@ -72,26 +72,7 @@ def run_one(c):
     model, batch, head, vocab, cfg = sweep.build(c, torch, device=dev)
     fam = c["family"]
     amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(c["precision"])
-    adapted = []
-    if c["peft"] != "none":
-        model = sweep.apply_peft(model, c["peft"], fam)
-        adapted = sweep.adapted_modules(model, c["peft"])
-    if c["precision"] in ("bf16", "fp16"):
-        model = model.to(torch.bfloat16 if c["precision"] == "bf16" else torch.float16)
-    if c["ckpt"] == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if c["peft"] != "none":
-            model.enable_input_require_grads()
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    trainable = sum(p.numel() for p in params)
-    opt_name, impl = c["optimizer"], c["impl"]
-    if opt_name == "adamw":
-        kw = dict(foreach=impl == "foreach", fused=True if impl == "fused" else None)
-        opt = torch.optim.AdamW(params, lr=1e-5, **kw)
-    else:
-        opt = torch.optim.SGD(params, lr=1e-5, momentum=0.9 if opt_name == "sgd-momentum" else 0,
-                              foreach=True)
+    model, adapted, _, trainable, opt = sweep.prepare(model, c, torch)
     trainer = sweep.hf_trainer(model, opt, c, torch, lambda: None, device=dev) \
         if c["stack"] == "trainer" else None
     chunked = c["loss"] == "chunked"

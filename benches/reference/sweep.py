@@ -377,6 +377,42 @@ def apply_peft(model, method, fam):
     return peft.get_peft_model(model, pc)
 
 
+def prepare(model, c, torch, sem=None):
+    """The configuration's recipe applied to a built model: the PEFT method, 16-bit weights,
+    checkpointing (its recompute under the tracker's semantics when `sem` is given, on the
+    meta device) and the optimizer. Returns the model, the adapted modules, the trainable
+    parameters, their count and the optimizer; the meta-device sweep and the GPU reference
+    (benches/gpu_reference.py) both run a configuration through it."""
+    fam = c["family"]
+    adapted = []
+    if c["peft"] != "none":
+        model = apply_peft(model, c["peft"], fam)
+        adapted = adapted_modules(model, c["peft"])
+    if c["precision"] in ("bf16", "fp16"):
+        model = model.to(torch.bfloat16 if c["precision"] == "bf16" else torch.float16)
+    if c["ckpt"] == "full":
+        if fam in VISION:
+            raise ValueError("checkpointing of torchvision models is not in the sweep")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if sem is not None:
+            recompute_under(model, sem, torch)
+        if c["peft"] != "none":
+            model.enable_input_require_grads()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() for p in params)
+    opt_name, impl = c["optimizer"], c["impl"]
+    if opt_name == "adamw":
+        kw = dict(foreach=impl == "foreach", fused=True if impl == "fused" else None)
+        opt = torch.optim.AdamW(params, lr=1e-5, **kw)
+    elif opt_name in ("sgd", "sgd-momentum"):
+        opt = torch.optim.SGD(params, lr=1e-5, momentum=0.9 if opt_name == "sgd-momentum" else 0,
+                              foreach=True)
+    else:
+        raise ValueError(f"optimizer {opt_name}")
+    return model, adapted, params, trainable, opt
+
+
 def run_one(c):
     """One configuration: the tracker's result and the job's facts."""
     import torch
@@ -392,31 +428,7 @@ def run_one(c):
     amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(c["precision"])
     tracker = Tracker(vocab=vocab)
     sem = GpuSemantics(tracker, amp)
-    adapted = []
-    if c["peft"] != "none":
-        model = apply_peft(model, c["peft"], fam)
-        adapted = adapted_modules(model, c["peft"])
-    if c["precision"] in ("bf16", "fp16"):
-        model = model.to(torch.bfloat16 if c["precision"] == "bf16" else torch.float16)
-    if c["ckpt"] == "full":
-        if fam in VISION:
-            raise ValueError("checkpointing of torchvision models is not in the sweep")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        recompute_under(model, sem, torch)
-        if c["peft"] != "none":
-            model.enable_input_require_grads()
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    trainable = sum(p.numel() for p in params)
-    opt_name, impl = c["optimizer"], c["impl"]
-    if opt_name == "adamw":
-        kw = dict(foreach=impl == "foreach", fused=True if impl == "fused" else None)
-        opt = torch.optim.AdamW(params, lr=1e-5, **kw)
-    elif opt_name in ("sgd", "sgd-momentum"):
-        opt = torch.optim.SGD(params, lr=1e-5, momentum=0.9 if opt_name == "sgd-momentum" else 0,
-                              foreach=True)
-    else:
-        raise ValueError(f"optimizer {opt_name}")
+    model, adapted, params, trainable, opt = prepare(model, c, torch, sem)
     for t in list(model.parameters()) + list(model.buffers()):
         tracker.mark(t, "weights")
     for p in params:
