@@ -12,6 +12,7 @@ pub mod stacks;
 
 mod activations;
 pub mod caching;
+mod first_step;
 mod step;
 
 use crate::api::{Breakdown, EstimateBounds, EstimateStatus, RangeSpread, ValidatedJob};
@@ -196,7 +197,7 @@ fn estimate_profile(
 ) -> Result<Estimate, EstimateError> {
     let mut best: Option<Estimate> = None;
     for model in step::StepModel::candidates(job, gpu, profile, ends) {
-        let e = estimate_stage(&model, gpu)?;
+        let e = estimate_stage(job, &model, gpu)?;
         let heavier = match &best {
             None => true,
             Some(b) => {
@@ -215,6 +216,7 @@ fn estimate_profile(
 }
 
 fn estimate_stage(
+    job: &ValidatedJob,
     model: &step::StepModel,
     gpu: &'static GpuProduct,
 ) -> Result<Estimate, EstimateError> {
@@ -233,10 +235,13 @@ fn estimate_stage(
     let allocated = peak.allocated().max(largest);
     // The caching allocator keeps what it reserved: the reserved peak is the
     // largest over phases of allocated + rounding and fragmentation.
+    // The first step's optimizer step may find no cached block for its new
+    // states (`first_step`).
     let reserved = phases
         .iter()
         .map(|p| p.allocated() + model.allocator_overhead(p))
-        .fold(allocated, f64::max);
+        .fold(allocated, f64::max)
+        .max(first_step::reserved(job, model, &phases));
     let allocator = reserved - allocated;
     let fixed = model.fixed_overheads();
     let unallocated = phases

@@ -160,7 +160,7 @@ fn prefix_adapted_blocks(a: &Arch, trainable: Option<f64>) -> f64 {
 
 /// One rank of one pipeline stage.
 #[derive(Clone, Debug, Default)]
-struct Stage {
+pub(super) struct Stage {
     weights: f64,
     weight_transient: f64,
     /// The part of `weight_transient` that is autocast's 16-bit weight casts.
@@ -198,11 +198,11 @@ struct Stage {
     large_tensors: f64,
     largest_tensor: f64,
     /// What the step allocates and frees, for the caching allocator's replay.
-    churn: Churn,
+    pub(super) churn: Churn,
 }
 
 pub struct StepModel {
-    stage: Stage,
+    pub(super) stage: Stage,
     ends: Ends,
     facts: Facts,
     inference: bool,

@@ -1,0 +1,273 @@
+//! The first optimizer step: states created in a cache that backward filled.
+//!
+//! PyTorch's optimizers create their states on their first `step()`
+//! (torch/optim/adamw.py `_init_group`: `state["exp_avg"] =
+//! torch.zeros_like(p, ...)` when the parameter's state is empty; SGD's
+//! momentum buffer likewise; bitsandbytes' `Optimizer8bit.init_state`), so in
+//! the first step they are allocated after backward, when the caching
+//! allocator holds the blocks of the activations backward freed. A freed
+//! block serves a new tensor only if it is at least as large
+//! (c10/cuda/CUDACachingAllocator.cpp, commit 001074d: `get_free_block`
+//! takes the smallest cached block of the pool that fits, and splits it);
+//! a state tensor larger than every cached block gets a new segment and the
+//! cached blocks stay reserved beside it. The reserved peak of a run is then
+//! the first step's reserved bytes before its optimizer step plus the state
+//! and step temporaries no cached block could take, which the steady-state
+//! phases do not show.
+//!
+//! Measured on an H200 (`benches/ground-truth`, full training with AdamW):
+//! Llama-3.2-1B's reserved bytes exceed the steady step's peak allocation
+//! plus its fragmentation by 2.3 GB: its tied 128k × 2048 embedding's fp32
+//! moments (1 GiB each) fit none of the blocks backward left. DeepSpeed and
+//! Megatron create their optimizer states when the engine starts, before any
+//! activation exists, expandable segments reuse freed pages whatever the
+//! size, and JAX and TensorFlow have allocators of their own: none of them
+//! strands here.
+
+use std::collections::BTreeMap;
+
+use super::caching::Churn;
+use super::step::StepModel;
+use super::{Component, PhaseBytes, StepPhase};
+use crate::api::{
+    Framework, FsdpVersion, Offload, Precision, ResolvedModel, Strategy, TrainingMode, ValidatedJob,
+};
+
+const MIB: f64 = 1024.0 * 1024.0;
+/// The caching allocator's size classes (`CUDACachingAllocator.cpp`):
+/// requests up to 1 MiB go to the small pool, those under 10 MiB share
+/// 20 MiB segments, larger ones get a segment of their own rounded up to
+/// 2 MiB; a split block's rest above 1 MiB stays a free large block.
+const SMALL: f64 = MIB;
+const MIN_LARGE_ALLOC: f64 = 10.0 * MIB;
+const LARGE_BUFFER: f64 = 20.0 * MIB;
+const ROUND_LARGE: f64 = 2.0 * MIB;
+/// At most this many tensors of one class are placed one by one; a class of
+/// more is placed in proportion (its tensors are all the same size).
+const MAX_PLACED: f64 = 100_000.0;
+
+/// The reserved bytes at the first step's optimizer step, or 0 where the
+/// job creates no states there (or none strand).
+pub fn reserved(job: &ValidatedJob, model: &StepModel, phases: &[PhaseBytes]) -> f64 {
+    let Some(opt) = phases.iter().find(|p| p.phase == StepPhase::OptimizerStep) else {
+        return 0.0;
+    };
+    let states = opt.get(Component::OptimizerStates);
+    let new = states + opt.get(Component::Temporaries);
+    if new <= 0.0 || !creates_states_in_first_step(job) {
+        return 0.0;
+    }
+    let Some(tensors) = state_tensors(job, new) else {
+        return 0.0;
+    };
+    // The first step before its optimizer step: no states yet.
+    let before = phases
+        .iter()
+        .filter(|p| p.phase != StepPhase::OptimizerStep)
+        .map(|p| p.allocated() - states + model.allocator_overhead(p))
+        .fold(0.0, f64::max);
+    before + unserved(cached_blocks(&model.stage.churn), &tensors)
+}
+
+fn creates_states_in_first_step(job: &ValidatedJob) -> bool {
+    let spec = job.spec();
+    let p = &spec.parallelism;
+    spec.training.framework == Framework::Pytorch
+        && matches!(p.strategy, Strategy::Ddp | Strategy::Fsdp)
+        && p.offload == Offload::None
+        && spec.training.mode == TrainingMode::Full
+        && !spec.training.optimizer_in_backward
+        && !job.allocator_conf.expandable_segments
+}
+
+/// `(one tensor's bytes, all of the class's bytes)` of what the first
+/// optimizer step allocates: `bytes` shared over the trainable parameters
+/// by their elements, each parameter's state a tensor of its shape (or of
+/// its shard's, under FSDP) in the states' dtype.
+fn state_tensors(job: &ValidatedJob, bytes: f64) -> Option<Vec<(f64, f64)>> {
+    let ResolvedModel::Transformer(a) = &job.model else {
+        return None;
+    };
+    let spec = job.spec();
+    let p = &spec.parallelism;
+    let elem = match spec.training.precision {
+        Precision::Bf16 | Precision::Fp16 => 2.0,
+        _ => 4.0,
+    };
+    let tp = p.tensor_parallel.max(1) as f64;
+    let (h, v, i) = (a.hidden as f64, a.vocab as f64, a.intermediate as f64);
+    let attention = (a.heads + 2 * a.kv_heads) as f64 * a.head_dim as f64;
+    // Transformers 5 keeps a block's experts in one 3-D tensor per
+    // projection (`gate_up_proj`: experts × 2·intermediate × hidden); earlier
+    // releases one linear per expert.
+    let fused_experts = job.runtime.transformers.is_none_or(|t| t >= (5, 0));
+    let linear = if a.experts > 0 && fused_experts {
+        a.experts as f64 * 2.0 * i * h
+    } else {
+        h * i.max(attention)
+    };
+    let counts = super::params::count(a, job.head, job.num_labels)?;
+    let blocks = (a.layers + a.decoder_layers).max(1) as f64;
+    let mut classes = vec![
+        (v * h / tp, counts.embedding as f64 / tp),
+        (counts.head as f64 / tp, counts.head as f64 / tp),
+        (linear / tp, counts.linear as f64 / tp),
+        (h, counts.small as f64),
+    ];
+    if p.zero() >= 1 && p.strategy == Strategy::Fsdp {
+        // FSDP2 shards each parameter; FSDP1 flattens a unit's parameters
+        // into one tensor and shards that (the root unit holds the
+        // embedding and the head).
+        let dp = job.data_parallel.max(1) as f64;
+        if p.fsdp_version == Some(FsdpVersion::V2) {
+            classes.iter_mut().for_each(|c| c.0 /= dp);
+        } else {
+            let root = (counts.embedding + counts.head) as f64 / tp / dp;
+            classes[0].0 = root;
+            classes[1].0 = root;
+            classes[2].0 = counts.linear as f64 / blocks / tp / dp;
+        }
+    }
+    let total: f64 = classes.iter().map(|c| c.1).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    Some(
+        classes
+            .into_iter()
+            .filter(|c| c.1 > 0.0)
+            .map(|(one, elems)| ((one * elem).min(bytes), bytes * elems / total))
+            .collect(),
+    )
+}
+
+/// The free blocks the first step's backward leaves cached, as `(size,
+/// count)`: every block's saved tensors (or, checkpointed, its input and one
+/// block's recomputed tensors), the temporaries, the loss's logits planes,
+/// a gathered block, in the allocator's size classes.
+fn cached_blocks(c: &Churn) -> Vec<(f64, f64)> {
+    let r = c.width_ratio.max(0.0);
+    let blocks = c.blocks.ceil().max(1.0);
+    let per_block = if c.recompute > 0.0 {
+        c.recompute
+    } else {
+        c.saved
+    };
+    let unit = per_block / (6.0 + 3.0 * r);
+    let mut tensors = vec![(unit, 6.0), (unit * r, 3.0)];
+    if c.recompute > 0.0 {
+        tensors.push((c.saved, blocks));
+    } else {
+        tensors.iter_mut().for_each(|t| t.1 *= blocks);
+    }
+    tensors.extend([
+        (c.temp_forward / 2.0, 2.0),
+        (c.temp_backward / 2.0, 2.0),
+        (c.logits, 3.0),
+        (c.gathered, 1.0),
+        (c.weight_forward, 1.0),
+        (c.weight_backward, 1.0),
+    ]);
+    let mut out = Vec::new();
+    let mut shared = 0.0;
+    for (size, count) in tensors {
+        if !(size > SMALL && size.is_finite() && count > 0.0) {
+            continue;
+        }
+        if size < MIN_LARGE_ALLOC {
+            shared += size * count;
+        } else {
+            out.push(((size / ROUND_LARGE).ceil() * ROUND_LARGE, count));
+        }
+    }
+    if shared > 0.0 {
+        out.push((LARGE_BUFFER, (shared / LARGE_BUFFER).ceil()));
+    }
+    out
+}
+
+/// Bytes of `tensors` that no block of `blocks` can take, placed largest
+/// first, each in the smallest free block that fits (its rest above 1 MiB
+/// stays free). Tensors of the small pool never use a large block.
+fn unserved(blocks: Vec<(f64, f64)>, tensors: &[(f64, f64)]) -> f64 {
+    let mut free: BTreeMap<u64, u64> = BTreeMap::new();
+    for (size, count) in blocks {
+        *free.entry(size as u64).or_default() += count.min(MAX_PLACED) as u64;
+    }
+    let mut order: Vec<(f64, f64)> = tensors.to_vec();
+    order.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut out = 0.0;
+    for (one, total) in order {
+        if one <= SMALL || one <= 0.0 {
+            out += total;
+            continue;
+        }
+        let size = if one < MIN_LARGE_ALLOC {
+            one
+        } else {
+            (one / ROUND_LARGE).ceil() * ROUND_LARGE
+        };
+        let n = (total / one).ceil();
+        let placed_n = n.min(MAX_PLACED);
+        let mut missed = 0.0;
+        for _ in 0..placed_n as u64 {
+            let Some((&block, _)) = free.range(size as u64..).next() else {
+                missed += 1.0;
+                continue;
+            };
+            take(&mut free, block);
+            let rest = block as f64 - size;
+            if rest > SMALL {
+                *free.entry(rest as u64).or_default() += 1;
+            }
+        }
+        out += total * missed / placed_n.max(1.0);
+    }
+    out
+}
+
+fn take(free: &mut BTreeMap<u64, u64>, block: u64) {
+    if let Some(n) = free.get_mut(&block) {
+        *n -= 1;
+        if *n == 0 {
+            free.remove(&block);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tensor_larger_than_every_cached_block_is_unserved() {
+        let gib = 1024.0 * MIB;
+        // Two 300 MiB blocks: one 1 GiB tensor finds none, two of 256 MiB
+        // find one each.
+        let blocks = vec![(300.0 * MIB, 2.0)];
+        assert_eq!(unserved(blocks.clone(), &[(gib, gib)]), gib);
+        assert_eq!(unserved(blocks.clone(), &[(256.0 * MIB, 512.0 * MIB)]), 0.0);
+        // Three of 256 MiB: the third finds only 44 MiB rests.
+        assert_eq!(unserved(blocks, &[(256.0 * MIB, 768.0 * MIB)]), 256.0 * MIB);
+        // A split block's rest serves a smaller tensor.
+        assert_eq!(
+            unserved(
+                vec![(300.0 * MIB, 1.0)],
+                &[(200.0 * MIB, 200.0 * MIB), (80.0 * MIB, 80.0 * MIB)]
+            ),
+            0.0
+        );
+    }
+
+    #[test]
+    fn small_activations_share_twenty_mib_segments() {
+        let c = Churn {
+            blocks: 2.0,
+            saved: 9.0 * 4.0 * MIB,
+            width_ratio: 1.0,
+            ..Churn::default()
+        };
+        // 18 tensors of 4 MiB: 72 MiB in four 20 MiB segments.
+        assert_eq!(cached_blocks(&c), vec![(LARGE_BUFFER, 4.0)]);
+    }
+}
