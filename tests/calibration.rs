@@ -320,7 +320,7 @@ fn calibration_rows_are_reproduced() {
                 r.error * 100.0
             );
         }
-        // What the GPU rows reach today (504 rows measured on an H200: 472
+        // What the GPU rows reach today (504 rows measured on an H200: 476
         // inside); tighten as the model improves, never loosen. The rows
         // outside are Mixtral's reserved bytes, runs of variable-length
         // batches and the smallest models' lower ends.
@@ -332,8 +332,8 @@ fn calibration_rows_are_reproduced() {
                 .collect::<Vec<_>>(),
         );
         assert!(
-            inside as f64 >= 0.936 * n as f64,
-            "GPU rows: range covers {inside}/{n}, below 93.6 %"
+            inside as f64 >= 0.944 * n as f64,
+            "GPU rows: range covers {inside}/{n}, below 94.4 %"
         );
         assert!(
             over <= 0.20,
