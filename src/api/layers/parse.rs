@@ -111,8 +111,8 @@ impl Analyzer {
             | Kind::Sigmoid
             | Kind::Tanh
             | Kind::Softmax => self.read_activation(body, kp, k)?,
-            Kind::MaxPool => Layer::MaxPool(self.read_pool(body, kp, true)?),
-            Kind::AvgPool => Layer::AvgPool(self.read_pool(body, kp, false)?),
+            Kind::MaxPool => Layer::MaxPool(Box::new(self.read_pool(body, kp, true)?)),
+            Kind::AvgPool => Layer::AvgPool(Box::new(self.read_pool(body, kp, false)?)),
             Kind::AdaptiveAvgPool => {
                 let v = self.fields(body, kp, &["outputSize"])?;
                 Layer::AdaptiveAvgPool {

@@ -471,3 +471,13 @@ fn one_layer_reads_with_serde_and_the_same_messages() {
         "{e}"
     );
 }
+
+/// A layer stays small: a list of thousands is read into memory before it is analysed.
+#[test]
+fn a_layer_is_small() {
+    assert!(
+        std::mem::size_of::<Layer>() <= 128,
+        "{}",
+        std::mem::size_of::<Layer>()
+    );
+}
