@@ -337,10 +337,13 @@ pub fn analyze_at(
             "must list at least one layer, e.g. [{linear: {in: 784, out: 10}}]",
         );
     }
-    // Every element's fields first, each problem at its path; then the shapes.
+    // Every element's fields first, each problem at its path; then the shapes. The
+    // problems are then told element by element, as the list is written.
+    let first = a.errs.len();
     let read = a.read_list(layers, &Path::Root(layers_path), 0);
     a.ids_input = matches!(read.list.first(), Some(Layer::Embedding(_)));
     let out = a.walk(&read, &Path::Root(layers_path), input, 0);
+    a.in_document_order(first);
     match (out, a.errs.is_empty()) {
         (Some(out), true) => Ok(a.finish(input, out)),
         (_, false) => Err(a.errs),
@@ -370,6 +373,9 @@ enum Path<'a> {
     Root(&'a str),
     Index(&'a Path<'a>, usize),
     Key(&'a Path<'a>, &'a str),
+    /// A nested list of layers: its key, and its rank among the element's lists (a
+    /// residual's `layers` before its `shortcut`).
+    List(&'a Path<'a>, &'static str, u32),
 }
 
 impl fmt::Display for Path<'_> {
@@ -377,7 +383,26 @@ impl fmt::Display for Path<'_> {
         match self {
             Path::Root(s) => f.write_str(s),
             Path::Index(p, i) => write!(f, "{p}[{i}]"),
-            Path::Key(p, k) => write!(f, "{p}.{k}"),
+            Path::Key(p, k) | Path::List(p, k, _) => write!(f, "{p}.{k}"),
+        }
+    }
+}
+
+impl Path<'_> {
+    /// Where the path is in the document, element by element: the indices of the elements
+    /// and lists it passes through. Errors sorted by it come in the order of the elements.
+    fn position(&self, out: &mut Vec<u32>) {
+        match self {
+            Path::Root(_) => {}
+            Path::Index(p, i) => {
+                p.position(out);
+                out.push(u32::try_from(*i).unwrap_or(u32::MAX));
+            }
+            Path::Key(p, _) => p.position(out),
+            Path::List(p, _, rank) => {
+                p.position(out);
+                out.push(*rank);
+            }
         }
     }
 }
@@ -498,6 +523,8 @@ struct Analyzer {
     too_many_reported: bool,
     overflow: bool,
     errs: Vec<LayerError>,
+    /// Of each error in `errs`, where its path is ([`Path::position`]).
+    positions: Vec<Vec<u32>>,
 }
 
 /// `*acc += n`, remembering an overflow instead of panicking.
@@ -524,6 +551,23 @@ type Vals<'v> = [Option<&'v Value>; 8];
 impl Analyzer {
     fn err(&mut self, path: &Path, reason: impl Into<String>) {
         self.errs.push((path.to_string(), reason.into()));
+        let mut at = Vec::new();
+        path.position(&mut at);
+        self.positions.push(at);
+    }
+
+    /// The errors from `first` on, sorted by where their paths are (stable: one element's
+    /// errors keep their order). A block's own shape error only comes when nothing inside
+    /// it failed, so this is the order of one pass over the list.
+    fn in_document_order(&mut self, first: usize) {
+        let mut order: Vec<usize> = (first..self.errs.len()).collect();
+        order.sort_by(|&a, &b| self.positions[a].cmp(&self.positions[b]));
+        let mut taken: Vec<Option<LayerError>> = self.errs.drain(first..).map(Some).collect();
+        for i in order {
+            if let Some(e) = taken[i - first].take() {
+                self.errs.push(e);
+            }
+        }
     }
 
     // ---- Tensors and what autograd keeps ----

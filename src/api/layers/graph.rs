@@ -45,8 +45,13 @@ impl Analyzer {
         input: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let body_out = self.walk(layers, &Path::Key(kp, "layers"), Some(input), depth + 1);
-        let short_out = self.walk(shortcut, &Path::Key(kp, "shortcut"), Some(input), depth + 1);
+        let body_out = self.walk(layers, &Path::List(kp, "layers", 0), Some(input), depth + 1);
+        let short_out = self.walk(
+            shortcut,
+            &Path::List(kp, "shortcut", 1),
+            Some(input),
+            depth + 1,
+        );
         let (b, s) = (body_out?, short_out?);
         if b.shape != s.shape {
             let reason = if shortcut.list.is_empty() {
@@ -76,7 +81,7 @@ impl Analyzer {
         cur: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let bp = Path::Key(kp, "branches");
+        let bp = Path::List(kp, "branches", 0);
         let mut outs = Vec::with_capacity(branches.len());
         let mut ok = true;
         for (i, br) in branches.iter().enumerate() {
@@ -124,7 +129,7 @@ impl Analyzer {
     }
 
     pub(super) fn gate(&mut self, layers: &Layers, kp: &Path, x: Cur, depth: usize) -> Option<Cur> {
-        let s = self.walk(layers, &Path::Key(kp, "layers"), Some(x), depth + 1)?;
+        let s = self.walk(layers, &Path::List(kp, "layers", 0), Some(x), depth + 1)?;
         let fits = s.shape.rank == x.shape.rank
             && (0..x.shape.rank).all(|j| s.shape.d[j] == x.shape.d[j] || s.shape.d[j] == 1);
         if !fits {
@@ -152,7 +157,7 @@ impl Analyzer {
         cur: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let out = self.walk(layers, &Path::Key(kp, "layers"), Some(cur), depth + 1)?;
+        let out = self.walk(layers, &Path::List(kp, "layers", 0), Some(cur), depth + 1)?;
         let e = self.elems(out);
         add(&mut self.aux_output, e, &mut self.overflow);
         Some(cur)

@@ -138,7 +138,7 @@ impl Analyzer {
             Kind::Gate | Kind::Aux => {
                 let v = self.fields(body, kp, &["layers"])?;
                 let list = self.list(kp, "layers", v[0], true)?;
-                let layers = self.read_list(list, &Path::Key(kp, "layers"), depth + 1);
+                let layers = self.read_list(list, &Path::List(kp, "layers", 0), depth + 1);
                 if k == Kind::Gate {
                     Layer::Gate { layers }
                 } else {
@@ -370,8 +370,8 @@ impl Analyzer {
         let shortcut = self.list(kp, "shortcut", v[1], false);
         let (layers, shortcut) = (layers?, shortcut?);
         Some(Layer::Residual {
-            layers: self.read_list(layers, &Path::Key(kp, "layers"), depth + 1),
-            shortcut: self.read_list(shortcut, &Path::Key(kp, "shortcut"), depth + 1),
+            layers: self.read_list(layers, &Path::List(kp, "layers", 0), depth + 1),
+            shortcut: self.read_list(shortcut, &Path::List(kp, "shortcut", 1), depth + 1),
         })
     }
 
@@ -379,7 +379,7 @@ impl Analyzer {
     fn read_concat(&mut self, body: &Map<String, Value>, kp: &Path, depth: usize) -> Option<Layer> {
         let v = self.fields(body, kp, &["branches", "dim"])?;
         let dim = self.int(kp, "dim", v[1], Some(0), 0, MAX_RANK as u64 - 1);
-        let bp = Path::Key(kp, "branches");
+        let bp = Path::List(kp, "branches", 0);
         let written = match v[0] {
             Some(Value::Array(b)) if !b.is_empty() => b,
             other => {

@@ -415,7 +415,7 @@ fn layers_read_into_types_with_defaults() {
 }
 
 /// A shape error before a bad element, a bad element nested in a block and a bad element
-/// after it: all reported, each at its path.
+/// after it: all reported, each at its path, in the order of the list.
 #[test]
 fn every_bad_element_is_reported_beside_the_shape_errors() {
     let e = errs(
@@ -430,9 +430,27 @@ fn every_bad_element_is_reported_beside_the_shape_errors() {
     assert_eq!(
         paths,
         [
+            "spec.model.layers[0].linear.in",
             "spec.model.layers[1].residual.layers[0].linear.bais",
             "spec.model.layers[2].softmax.dim",
-            "spec.model.layers[0].linear.in",
+        ],
+        "{e:?}"
+    );
+    // Inside a block: its body (a shape error at its second layer) before its shortcut
+    // (a bad element), though the shortcut is read before any shape is propagated.
+    let e = errs(
+        json!([{"residual": {
+            "layers": [{"relu": {}}, {"linear": {"in": 5, "out": 4}}],
+            "shortcut": [{"relu": {"inplace": 1}}],
+        }}]),
+        &[4],
+    );
+    let paths: Vec<&str> = e.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.model.layers[0].residual.layers[1].linear.in",
+            "spec.model.layers[0].residual.shortcut[0].relu.inplace",
         ],
         "{e:?}"
     );
