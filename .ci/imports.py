@@ -45,10 +45,6 @@ LAYERS = [
 # Today's offenders. Keys: "file" (lines), "file::fn" (lines), "file -> module" (import
 # sites of a higher layer), "a <-> b" (a file circle; the value is always 1).
 KNOWN = {
-    'src/agent/check.rs::check': 133,
-    'src/agent/cuda.rs::verify': 121,
-    'src/agent/simulated.rs::from_spec': 166,
-    'src/api/validate/mod.rs::validate_hinted': 498,
     'src/apiserver/mod.rs': 1744,
     'src/apiserver/mod.rs::write': 159,
     'src/estimate/step.rs': 1407,
@@ -62,7 +58,6 @@ KNOWN = {
     'src/simulate/report.rs::text': 161,
     'src/simulate/scenario.rs': 925,
     'src/simulate/scenario.rs::parse_within': 309,
-    'src/webhook/workload.rs::assess': 131,
 }
 
 

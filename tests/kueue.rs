@@ -327,11 +327,18 @@ async fn workloads_are_ready_rejected_or_not_judged_on_their_flavors_product() {
         "{other}"
     );
 
-    // Before quota is reserved nothing is judged.
+    // Before quota is reserved nothing is judged: a workload created after it, with its
+    // quota reserved, is decided while it stays Pending (the controller sees them in order,
+    // and skipping one needs no API call where deciding the other needs several).
     let big = k
         .workload(&trl_job("sft-big", 8, 2), &["vram-fit", "capacity"])
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut after = example("job-annotated-llama-3.1-8b-lora.yaml");
+    after["metadata"]["name"] = json!("reserved-after");
+    let after = k.workload(&after, &["vram-fit"]).await;
+    k.reserve(&after, "h100").await;
+    let (state, m, _) = k.decided(&after, "vram-fit").await;
+    assert_eq!(state, "Ready", "{m}");
     let wl = k.get(&big).await;
     assert_eq!(
         wl["status"]["admissionChecks"][0]["state"], "Pending",

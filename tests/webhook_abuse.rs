@@ -257,6 +257,21 @@ fn memory_mib() -> (u64, u64) {
     memory_of("self")
 }
 
+/// [`memory_mib`] once this process's resident memory stops changing (the same over
+/// consecutive reads 50 ms apart), or at `within`.
+async fn settled_memory_mib(within: Duration) -> (u64, u64) {
+    let deadline = Instant::now() + within;
+    let mut last = memory_mib();
+    let mut same = 0;
+    while same < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = memory_mib();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
 /// Peak and current resident memory of process `pid` ("self": this one), in MiB (Linux).
 fn memory_of(pid: &str) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -755,8 +770,8 @@ async fn open_connections_are_capped_and_counted() {
         .buffer_unordered(32)
         .collect()
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (peak, now) = memory_mib();
+    // Measured once the server has taken in what it will: resident memory steady.
+    let (peak, now) = settled_memory_mib(Duration::from_secs(10)).await;
     let limit = chart_memory_limit_mib();
     eprintln!(
         "connections: {attempts} attempted in {:.1} s, {established} established (cap {cap}), \

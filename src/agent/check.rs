@@ -232,30 +232,7 @@ pub fn check(status: &GpuNodeStatus, req: &CheckRequest) -> CheckAnswer {
     }
     let fitting = u32::try_from(devices.iter().filter(|d| d.fits).count()).unwrap_or(u32::MAX);
     let fits = fitting >= req.gpus;
-    let message = if fits {
-        format!(
-            "fits: {fitting} of {} device(s) offer {} each{}",
-            devices.len(),
-            human(need),
-            if req.block_bytes > 0 {
-                format!(" with a {} block", human(req.block_bytes))
-            } else {
-                String::new()
-            }
-        )
-    } else {
-        format!(
-            "does not fit: {} GPU(s) asked, {fitting} of {} device(s) offer {} each{}",
-            req.gpus,
-            devices.len(),
-            human(need),
-            if req.block_bytes > 0 {
-                format!(" with a {} block", human(req.block_bytes))
-            } else {
-                String::new()
-            }
-        )
-    };
+    let message = summary(req, fits, fitting, devices.len(), need);
     CheckAnswer {
         fits,
         gpus_asked: req.gpus,
@@ -265,6 +242,27 @@ pub fn check(status: &GpuNodeStatus, req: &CheckRequest) -> CheckAnswer {
         probe_time: status.probe_time.clone(),
         message,
         devices,
+    }
+}
+
+/// The answer in a line: how many devices offer what is asked.
+fn summary(req: &CheckRequest, fits: bool, fitting: u32, devices: usize, need: u64) -> String {
+    let block = if req.block_bytes > 0 {
+        format!(" with a {} block", human(req.block_bytes))
+    } else {
+        String::new()
+    };
+    if fits {
+        format!(
+            "fits: {fitting} of {devices} device(s) offer {} each{block}",
+            human(need),
+        )
+    } else {
+        format!(
+            "does not fit: {} GPU(s) asked, {fitting} of {devices} device(s) offer {} each{block}",
+            req.gpus,
+            human(need),
+        )
     }
 }
 

@@ -62,6 +62,34 @@ fn guarded<T>(
     })
 }
 
+/// Launch `f` over `grid` blocks of [`THREADS_PER_BLOCK`] threads and wait for it;
+/// `name` names the kernel in errors.
+///
+/// # Safety
+/// `params` must point at live values of the kernel's argument types, in order, and the
+/// memory they address must hold what the kernel touches.
+unsafe fn run_kernel(
+    f: sys::CUfunction,
+    grid: u32,
+    params: &mut [*mut c_void],
+    name: &str,
+    ordinal: i32,
+) -> Result<(), GpuError> {
+    // SAFETY: the caller vouches for `params`.
+    unsafe {
+        result::launch_kernel(
+            f,
+            (grid, 1, 1),
+            (THREADS_PER_BLOCK, 1, 1),
+            0,
+            std::ptr::null_mut(),
+            params,
+        )
+    }
+    .map_err(|e| driver(&format!("cuLaunchKernel {name}"), ordinal, e))?;
+    result::ctx::synchronize().map_err(|e| driver("cuCtxSynchronize", ordinal, e))
+}
+
 fn driver(call: &str, ordinal: i32, e: result::DriverError) -> GpuError {
     let name = e
         .error_name()
@@ -356,18 +384,7 @@ impl Cuda {
                 ];
                 // SAFETY: arguments match touch_write(u64*, u64, u64); the block
                 // holds `words` words.
-                unsafe {
-                    result::launch_kernel(
-                        write,
-                        (grid, 1, 1),
-                        (THREADS_PER_BLOCK, 1, 1),
-                        0,
-                        std::ptr::null_mut(),
-                        &mut params,
-                    )
-                }
-                .map_err(|e| driver("cuLaunchKernel touch_write", ordinal, e))?;
-                result::ctx::synchronize().map_err(|e| driver("cuCtxSynchronize", ordinal, e))?;
+                unsafe { run_kernel(write, grid, &mut params, "touch_write", ordinal) }?;
                 write_secs += started.elapsed().as_secs_f64();
 
                 let init = [0u64, u64::MAX];
@@ -383,18 +400,7 @@ impl Cuda {
                     (&mut cptr as *mut sys::CUdeviceptr).cast::<c_void>(),
                 ];
                 // SAFETY: arguments match touch_verify(u64*, u64, u64, u64*).
-                unsafe {
-                    result::launch_kernel(
-                        check,
-                        (grid, 1, 1),
-                        (THREADS_PER_BLOCK, 1, 1),
-                        0,
-                        std::ptr::null_mut(),
-                        &mut params,
-                    )
-                }
-                .map_err(|e| driver("cuLaunchKernel touch_verify", ordinal, e))?;
-                result::ctx::synchronize().map_err(|e| driver("cuCtxSynchronize", ordinal, e))?;
+                unsafe { run_kernel(check, grid, &mut params, "touch_verify", ordinal) }?;
                 read_secs += started.elapsed().as_secs_f64();
                 let mut out = [0u64; 2];
                 // SAFETY: `counters` holds two words.

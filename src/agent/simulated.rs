@@ -286,42 +286,7 @@ impl Simulated {
             for (p, proc_) in gpu.processes.iter().enumerate() {
                 replay(&mut allocator, proc_, &format!("{path}.processes[{p}]"))?;
             }
-            let mut mig = Vec::new();
-            for (m, slice) in gpu.mig.iter().enumerate() {
-                let mpath = format!("{path}.mig[{m}]");
-                let total = match slice.total_bytes {
-                    Some(t) => t.bytes(),
-                    None => catalog_product(&format!("{product} MIG {}", slice.profile))
-                        .map(|c| c.total_bytes)
-                        .ok_or_else(|| {
-                            field(
-                                format!("{mpath}.totalBytes"),
-                                format!(
-                                    "the catalog has no {} slice of {product}: give totalBytes",
-                                    slice.profile
-                                ),
-                            )
-                        })?,
-                };
-                let used = slice.used_bytes.map_or(0, ByteSize::bytes);
-                if used > total {
-                    return Err(field(
-                        format!("{mpath}.usedBytes"),
-                        format!("{} is more than the slice's {}", human(used), human(total)),
-                    ));
-                }
-                mig.push(MigInfo {
-                    index: u32::try_from(m).unwrap_or(u32::MAX),
-                    uuid: slice.uuid.clone(),
-                    profile: slice.profile.clone(),
-                    memory: MemoryInfo {
-                        total_bytes: total,
-                        free_bytes: total - used,
-                        used_bytes: used,
-                        reserved_bytes: Some(0),
-                    },
-                });
-            }
+            let mig = mig_slices(gpu, &product, &path)?;
             let slices: u64 = mig.iter().map(|m| m.memory.total_bytes).sum();
             if slices > total - reserved {
                 return Err(field(
@@ -333,24 +298,7 @@ impl Simulated {
                     ),
                 ));
             }
-            if gpu.count == 0 {
-                return Err(field(
-                    format!("{path}.count"),
-                    "0 is not allowed; minimum is 1",
-                ));
-            }
-            if usize::try_from(gpu.count)
-                .ok()
-                .is_none_or(|n| n > MAX_GPUS - devices.len())
-            {
-                return Err(field(
-                    format!("{path}.count"),
-                    format!(
-                        "{} more GPUs would make more than {MAX_GPUS} on the node",
-                        gpu.count
-                    ),
-                ));
-            }
+            check_count(gpu, &path, devices.len())?;
             for n in 0..gpu.count {
                 let index = devices.len();
                 let uuid = match (&gpu.uuid, gpu.count) {
@@ -615,6 +563,70 @@ impl Gpu for Simulated {
             read_gb_per_s: d.bandwidth_gb_per_s,
         })
     }
+}
+
+/// The MIG slices of `gpu` (of `product`, at `path`), their sizes from the spec or the catalog.
+fn mig_slices(gpu: &SimGpuSpec, product: &str, path: &str) -> Result<Vec<MigInfo>, SimError> {
+    let mut mig = Vec::new();
+    for (m, slice) in gpu.mig.iter().enumerate() {
+        let mpath = format!("{path}.mig[{m}]");
+        let total = match slice.total_bytes {
+            Some(t) => t.bytes(),
+            None => catalog_product(&format!("{product} MIG {}", slice.profile))
+                .map(|c| c.total_bytes)
+                .ok_or_else(|| {
+                    field(
+                        format!("{mpath}.totalBytes"),
+                        format!(
+                            "the catalog has no {} slice of {product}: give totalBytes",
+                            slice.profile
+                        ),
+                    )
+                })?,
+        };
+        let used = slice.used_bytes.map_or(0, ByteSize::bytes);
+        if used > total {
+            return Err(field(
+                format!("{mpath}.usedBytes"),
+                format!("{} is more than the slice's {}", human(used), human(total)),
+            ));
+        }
+        mig.push(MigInfo {
+            index: u32::try_from(m).unwrap_or(u32::MAX),
+            uuid: slice.uuid.clone(),
+            profile: slice.profile.clone(),
+            memory: MemoryInfo {
+                total_bytes: total,
+                free_bytes: total - used,
+                used_bytes: used,
+                reserved_bytes: Some(0),
+            },
+        });
+    }
+    Ok(mig)
+}
+
+/// `gpu.count` is at least 1 and, with the `have` devices before it, at most [`MAX_GPUS`].
+fn check_count(gpu: &SimGpuSpec, path: &str, have: usize) -> Result<(), SimError> {
+    if gpu.count == 0 {
+        return Err(field(
+            format!("{path}.count"),
+            "0 is not allowed; minimum is 1",
+        ));
+    }
+    if usize::try_from(gpu.count)
+        .ok()
+        .is_none_or(|n| n > MAX_GPUS - have)
+    {
+        return Err(field(
+            format!("{path}.count"),
+            format!(
+                "{} more GPUs would make more than {MAX_GPUS} on the node",
+                gpu.count
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -23,9 +23,16 @@ use serde_json::{Map, Value};
 mod dense;
 mod fields;
 mod graph;
+mod parse;
 mod pointwise;
 mod saved;
 mod sequence;
+mod typed;
+
+pub use typed::{
+    Attention, BatchNorm, Conv, ConvPadding, Embedding, GroupNorm, Layer, LayerNorm, Layers,
+    Linear, Pool, Written,
+};
 
 /// One problem: (field path, reason).
 pub type LayerError = (String, String);
@@ -323,14 +330,20 @@ pub fn analyze_at(
         tensors: Vec::with_capacity(2 * layers.len() + 16),
         ..Analyzer::default()
     };
-    let input = a.input(layers, input_shape);
+    let input = a.input(input_shape);
     if layers.is_empty() {
         a.err(
             &Path::Root(layers_path),
             "must list at least one layer, e.g. [{linear: {in: 784, out: 10}}]",
         );
     }
-    let out = a.walk(layers, &Path::Root(layers_path), input, 0);
+    // Every element's fields first, each problem at its path; then the shapes. The
+    // problems are then told element by element, as the list is written.
+    let first = a.errs.len();
+    let read = a.read_list(layers, &Path::Root(layers_path), 0);
+    a.ids_input = matches!(read.list.first(), Some(Layer::Embedding(_)));
+    let out = a.walk(&read, &Path::Root(layers_path), input, 0);
+    a.in_document_order(first);
     match (out, a.errs.is_empty()) {
         (Some(out), true) => Ok(a.finish(input, out)),
         (_, false) => Err(a.errs),
@@ -342,12 +355,27 @@ pub fn analyze_at(
     }
 }
 
+/// `layers` (as written at `layers_path`) read into typed layers, every bad element
+/// reported with its path. Shapes are not checked: [`analyze`] does that.
+pub fn read(layers: &[Value], layers_path: &str) -> Result<Vec<Layer>, Vec<LayerError>> {
+    let mut a = Analyzer::default();
+    let read = a.read_list(layers, &Path::Root(layers_path), 0);
+    if a.errs.is_empty() {
+        Ok(read.list)
+    } else {
+        Err(a.errs)
+    }
+}
+
 /// A path, formatted only when an error needs it.
 #[derive(Clone, Copy)]
 enum Path<'a> {
     Root(&'a str),
     Index(&'a Path<'a>, usize),
     Key(&'a Path<'a>, &'a str),
+    /// A nested list of layers: its key, and its rank among the element's lists (a
+    /// residual's `layers` before its `shortcut`).
+    List(&'a Path<'a>, &'static str, u32),
 }
 
 impl fmt::Display for Path<'_> {
@@ -355,7 +383,26 @@ impl fmt::Display for Path<'_> {
         match self {
             Path::Root(s) => f.write_str(s),
             Path::Index(p, i) => write!(f, "{p}[{i}]"),
-            Path::Key(p, k) => write!(f, "{p}.{k}"),
+            Path::Key(p, k) | Path::List(p, k, _) => write!(f, "{p}.{k}"),
+        }
+    }
+}
+
+impl Path<'_> {
+    /// Where the path is in the document, element by element: the indices of the elements
+    /// and lists it passes through. Errors sorted by it come in the order of the elements.
+    fn position(&self, out: &mut Vec<u32>) {
+        match self {
+            Path::Root(_) => {}
+            Path::Index(p, i) => {
+                p.position(out);
+                out.push(u32::try_from(*i).unwrap_or(u32::MAX));
+            }
+            Path::Key(p, _) => p.position(out),
+            Path::List(p, _, rank) => {
+                p.position(out);
+                out.push(*rank);
+            }
         }
     }
 }
@@ -476,6 +523,8 @@ struct Analyzer {
     too_many_reported: bool,
     overflow: bool,
     errs: Vec<LayerError>,
+    /// Of each error in `errs`, where its path is ([`Path::position`]).
+    positions: Vec<Vec<u32>>,
 }
 
 /// `*acc += n`, remembering an overflow instead of panicking.
@@ -502,11 +551,28 @@ type Vals<'v> = [Option<&'v Value>; 8];
 impl Analyzer {
     fn err(&mut self, path: &Path, reason: impl Into<String>) {
         self.errs.push((path.to_string(), reason.into()));
+        let mut at = Vec::new();
+        path.position(&mut at);
+        self.positions.push(at);
+    }
+
+    /// The errors from `first` on, sorted by where their paths are (stable: one element's
+    /// errors keep their order). A block's own shape error only comes when nothing inside
+    /// it failed, so this is the order of one pass over the list.
+    fn in_document_order(&mut self, first: usize) {
+        let mut order: Vec<usize> = (first..self.errs.len()).collect();
+        order.sort_by(|&a, &b| self.positions[a].cmp(&self.positions[b]));
+        let mut taken: Vec<Option<LayerError>> = self.errs.drain(first..).map(Some).collect();
+        for i in order {
+            if let Some(e) = taken[i - first].take() {
+                self.errs.push(e);
+            }
+        }
     }
 
     // ---- Tensors and what autograd keeps ----
 
-    fn input(&mut self, layers: &[Value], dims: &[u64]) -> Option<Cur> {
+    fn input(&mut self, dims: &[u64]) -> Option<Cur> {
         let root = Path::Root(INPUT_SHAPE_PATH);
         let before = self.errs.len();
         if dims.is_empty() || dims.len() > MAX_RANK {
@@ -535,10 +601,6 @@ impl Analyzer {
             self.err(&root, OVERFLOW);
             return None;
         };
-        self.ids_input = layers
-            .first()
-            .and_then(Value::as_object)
-            .is_some_and(|o| o.len() == 1 && o.contains_key("embedding"));
         self.tensors.push(Tensor {
             elems,
             dt: Dt::Fp32,
@@ -579,36 +641,20 @@ impl Analyzer {
 
     // ---- Walking the list ----
 
+    /// Propagate `cur` through `layers` (read already); `None` once a layer fails or past the
+    /// end of a list cut at a bad element.
     fn walk(
         &mut self,
-        list: &[Value],
+        layers: &Layers,
         path: &Path,
         mut cur: Option<Cur>,
         depth: usize,
     ) -> Option<Cur> {
-        if depth > MAX_DEPTH {
-            self.err(
-                path,
-                format!("nested more than {MAX_DEPTH} deep; flatten the blocks"),
-            );
-            return None;
-        }
-        for (i, v) in list.iter().enumerate() {
+        for (i, layer) in layers.list.iter().enumerate() {
             let lp = Path::Index(path, i);
-            self.layers_seen += 1;
-            if self.layers_seen > MAX_LAYERS {
-                if !self.too_many_reported {
-                    self.too_many_reported = true;
-                    self.err(
-                        &lp,
-                        format!("more than {MAX_LAYERS} layers in all; describe the model as spec.model.custom"),
-                    );
-                }
-                return None;
-            }
             let before = self.counts;
             let errs = self.errs.len();
-            cur = self.layer(v, &lp, cur, depth);
+            cur = self.layer(layer, &lp, cur, depth);
             if self.overflow {
                 self.overflow = false;
                 if self.errs.len() == errs {
@@ -620,95 +666,52 @@ impl Analyzer {
                 self.per_layer.push(self.counts.since(&before));
             }
         }
-        cur
+        cur.filter(|_| layers.complete)
     }
 
-    fn layer(&mut self, v: &Value, path: &Path, cur: Option<Cur>, depth: usize) -> Option<Cur> {
-        let Some(obj) = v.as_object() else {
-            self.err(
-                path,
-                format!("{v} is not a layer; write an object with one key naming its kind, e.g. {{relu: {{}}}}"),
-            );
-            return None;
-        };
-        let mut it = obj.iter();
-        let (Some((kind, body)), None) = (it.next(), it.next()) else {
-            let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
-            self.err(
-                path,
-                format!(
-                    "a layer is an object with exactly one key, its kind (e.g. {{conv2d: {{...}}}}); found {} keys [{}]",
-                    keys.len(),
-                    keys.join(", ")
-                ),
-            );
-            return None;
-        };
-        let empty = Map::new();
-        let body = match body {
-            Value::Object(m) => m,
-            Value::Null => &empty,
-            other => {
-                self.err(
-                    &Path::Key(path, kind),
-                    format!("{other} is not an object of the layer's fields; write {kind}: {{}} when it has none"),
-                );
-                return None;
-            }
-        };
-        let kp = Path::Key(path, kind);
+    fn layer(&mut self, layer: &Layer, path: &Path, cur: Option<Cur>, depth: usize) -> Option<Cur> {
+        // Without an incoming shape nothing is left to check: the fields were read already.
+        let cur = cur?;
+        let kp = Path::Key(path, layer.kind());
         let kp = &kp;
-        let Some(k) = Kind::parse(kind) else {
-            self.err(
-                path,
-                format!(
-                    "unknown layer kind {kind:?}; valid kinds: {}",
-                    KINDS.join(", ")
-                ),
-            );
-            return None;
-        };
-        match k {
-            Kind::Linear => self.linear(body, kp, cur),
-            Kind::Conv1d => self.conv(body, kp, cur, 1),
-            Kind::Conv2d => self.conv(body, kp, cur, 2),
-            Kind::BatchNorm => self.batchnorm(body, kp, cur),
-            Kind::LayerNorm => self.layernorm(body, kp, cur),
-            Kind::GroupNorm => self.groupnorm(body, kp, cur),
-            Kind::Relu
-            | Kind::Relu6
-            | Kind::LeakyRelu
-            | Kind::Gelu
-            | Kind::Silu
-            | Kind::Sigmoid
-            | Kind::Tanh
-            | Kind::Softmax => self.activation(body, kp, cur, k),
-            Kind::MaxPool => self.pool(body, kp, cur, true),
-            Kind::AvgPool => self.pool(body, kp, cur, false),
-            Kind::AdaptiveAvgPool => self.adaptive_pool(body, kp, cur),
-            Kind::Dropout => self.dropout(body, kp, cur),
-            Kind::Flatten => {
-                self.fields(body, kp, &[])?;
-                let cur = cur?;
+        match layer {
+            Layer::Linear(l) => self.linear(l, kp, cur),
+            Layer::Conv1d(c) => self.conv(c, kp, cur, 1),
+            Layer::Conv2d(c) => self.conv(c, kp, cur, 2),
+            Layer::BatchNorm(b) => self.batchnorm(b, kp, cur),
+            Layer::LayerNorm(l) => self.layernorm(l, kp, cur),
+            Layer::GroupNorm(g) => self.groupnorm(g, kp, cur),
+            Layer::Relu { .. }
+            | Layer::Relu6 { .. }
+            | Layer::LeakyRelu { .. }
+            | Layer::Gelu { .. }
+            | Layer::Silu { .. }
+            | Layer::Sigmoid
+            | Layer::Tanh
+            | Layer::Softmax => Some(self.activation(layer, cur)),
+            Layer::MaxPool(p) => self.pool(p, kp, cur, true),
+            Layer::AvgPool(p) => self.pool(p, kp, cur, false),
+            Layer::AdaptiveAvgPool { output_size } => self.adaptive_pool(output_size, kp, cur),
+            Layer::Dropout { p, inplace } => Some(self.dropout(*p, *inplace, cur)),
+            Layer::Flatten => {
                 let elems = self.elems(cur);
                 Some(Cur {
                     id: cur.id,
                     shape: Shape::new(&[elems]),
                 })
             }
-            Kind::Embedding => self.embedding(body, kp, cur, depth),
-            Kind::Residual => self.residual(body, kp, cur, depth),
-            Kind::Concat => self.concat(body, kp, cur, depth),
-            Kind::Gate => self.gate(body, kp, cur, depth),
-            Kind::Aux => self.aux(body, kp, cur, depth),
-            Kind::Attention => self.attention(body, kp, cur),
-            Kind::Tokens | Kind::ClassToken | Kind::PositionEmbedding | Kind::SelectToken => {
-                self.token_op(body, kp, cur, k)
-            }
+            Layer::Embedding(e) => self.embedding(e, kp, cur, depth),
+            Layer::Residual { layers, shortcut } => self.residual(layers, shortcut, kp, cur, depth),
+            Layer::Concat { branches, dim } => self.concat(branches, *dim, kp, cur, depth),
+            Layer::Gate { layers } => self.gate(layers, kp, cur, depth),
+            Layer::Aux { layers } => self.aux(layers, kp, cur, depth),
+            Layer::Attention(a) => self.attention(a, kp, cur),
+            Layer::Tokens => self.tokens(kp, cur),
+            Layer::ClassToken => self.class_token(kp, cur),
+            Layer::PositionEmbedding => Some(self.position_embedding(cur)),
+            Layer::SelectToken { index } => self.select_token(*index, kp, cur),
         }
     }
-
-    // ---- Reading fields ----
 }
 
 /// The name of a pooled or convolved dimension in a message.

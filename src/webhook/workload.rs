@@ -310,16 +310,7 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
         .unwrap_or(now);
     let snapshot = on_products(snapshot, &j.products, j.mig.as_deref());
     if snapshot.products().is_empty() {
-        let what = match (&j.mig, j.products.is_empty()) {
-            (Some(m), true) => format!("no MIG slice {m} reports to vramguard"),
-            (Some(m), false) => format!(
-                "no MIG slice {m} of {} reports to vramguard",
-                j.products.join(" or ")
-            ),
-            (None, true) => "the cluster reports no GPUs".to_string(),
-            (None, false) => format!("no GPU of {} reports to vramguard", j.products.join(" or ")),
-        };
-        return Assessment::NoInventory(what);
+        return Assessment::NoInventory(no_inventory(&j));
     }
     // Advice may propose the changes the fit policy allows (the trainer's
     // knobs for a command line); nothing is applied: the job runs as written.
@@ -367,13 +358,7 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
             need = Some((v.need_bytes, p.product.clone(), p.usable_bytes));
         }
     }
-    let sources: Vec<String> = j
-        .sources
-        .iter()
-        .filter(|s| s.field == "training.microBatchSize" || s.field == "model.preset")
-        .map(|s| s.from.clone())
-        .collect();
-    let read_from = format!("Read from {}: {}.", j.origin.describe(), sources.join("; "));
+    let read_from = read_from(&j);
     // The cheapest change that fits, in the job's knobs.
     // (Only where some product has the GPUs: else the denial below says so.)
     if let Some((n, product, usable)) = need
@@ -403,6 +388,30 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
             denied(Reason::InvalidSpec, format!("{who} is invalid: {message}"))
         }
     }
+}
+
+/// Why no GPU can take the job: none of its products or MIG slice reports to vramguard.
+fn no_inventory(j: &kinds::Judged) -> String {
+    match (&j.mig, j.products.is_empty()) {
+        (Some(m), true) => format!("no MIG slice {m} reports to vramguard"),
+        (Some(m), false) => format!(
+            "no MIG slice {m} of {} reports to vramguard",
+            j.products.join(" or ")
+        ),
+        (None, true) => "the cluster reports no GPUs".to_string(),
+        (None, false) => format!("no GPU of {} reports to vramguard", j.products.join(" or ")),
+    }
+}
+
+/// Where the figures a denial quotes were read: the batch size and the model.
+fn read_from(j: &kinds::Judged) -> String {
+    let sources: Vec<String> = j
+        .sources
+        .iter()
+        .filter(|s| s.field == "training.microBatchSize" || s.field == "model.preset")
+        .map(|s| s.from.clone())
+        .collect();
+    format!("Read from {}: {}.", j.origin.describe(), sources.join("; "))
 }
 
 /// `decision` under `enforcement`.

@@ -3,17 +3,8 @@
 use super::*;
 
 impl Analyzer {
-    pub(super) fn linear(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["in", "out", "bias"])?;
-        let fin = self.int(kp, "in", v[0], None, 1, MAX_DIM);
-        let fout = self.int(kp, "out", v[1], None, 1, MAX_DIM);
-        let bias = self.flag(kp, "bias", v[2], true);
-        let (fin, fout, bias, cur) = (fin?, fout?, bias?, cur?);
+    pub(super) fn linear(&mut self, l: &Linear, kp: &Path, cur: Cur) -> Option<Cur> {
+        let (fin, fout, bias) = (l.input, l.out, l.bias);
         if cur.shape.last() != fin {
             self.err(
                 &Path::Key(kp, "in"),
@@ -37,44 +28,20 @@ impl Analyzer {
         Some(self.out(shape, Dt::Half))
     }
 
-    pub(super) fn conv(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-        n: usize,
-    ) -> Option<Cur> {
-        let v = self.fields(
-            body,
-            kp,
-            &[
-                "in",
-                "out",
-                "kernelSize",
-                "stride",
-                "padding",
-                "dilation",
-                "groups",
-                "bias",
-            ],
-        )?;
-        let cin = self.int(kp, "in", v[0], None, 1, MAX_DIM);
-        let cout = self.int(kp, "out", v[1], None, 1, MAX_DIM);
-        let k = self.spatial(kp, "kernelSize", v[2], None, n, 1);
-        let stride = self.spatial(kp, "stride", v[3], Some(1), n, 1);
-        let same = matches!(v[4], Some(Value::String(s)) if s == "same");
-        let valid = matches!(v[4], Some(Value::String(s)) if s == "valid");
-        let pad = if same || valid {
-            Some([0; 2])
-        } else {
-            self.spatial(kp, "padding", v[4], Some(0), n, 0)
+    pub(super) fn conv(&mut self, c: &Conv, kp: &Path, cur: Cur, n: usize) -> Option<Cur> {
+        let (cin, cout, k, stride, dil, groups, bias) = (
+            c.input,
+            c.out,
+            c.kernel_size,
+            c.stride,
+            c.dilation,
+            c.groups,
+            c.bias,
+        );
+        let (same, pad) = match c.padding {
+            ConvPadding::Same => (true, [0; 2]),
+            ConvPadding::Each(p) => (false, p),
         };
-        let dil = self.spatial(kp, "dilation", v[5], Some(1), n, 1);
-        let groups = self.int(kp, "groups", v[6], Some(1), 1, MAX_DIM);
-        let bias = self.flag(kp, "bias", v[7], true);
-        let (cin, cout, k, stride, pad, dil, groups, bias) =
-            (cin?, cout?, k?, stride?, pad?, dil?, groups?, bias?);
-        let cur = cur?;
         let what = if n == 1 {
             "[channels, length]"
         } else {
@@ -152,26 +119,8 @@ impl Analyzer {
         Some(self.out(shape, Dt::Half))
     }
 
-    pub(super) fn batchnorm(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(
-            body,
-            kp,
-            &["features", "eps", "momentum", "affine", "trackRunningStats"],
-        )?;
-        let features = match v[0] {
-            None | Some(Value::Null) => None,
-            f => self.int(kp, "features", f, None, 1, MAX_DIM).map(Some)?,
-        };
-        self.number(kp, "eps", v[1], 1e-5, 0.0, 1.0)?;
-        self.number(kp, "momentum", v[2], 0.1, 0.0, 1.0)?;
-        let affine = self.flag(kp, "affine", v[3], true)?;
-        let track = self.flag(kp, "trackRunningStats", v[4], true)?;
-        let cur = cur?;
+    pub(super) fn batchnorm(&mut self, b: &BatchNorm, kp: &Path, cur: Cur) -> Option<Cur> {
+        let (features, affine, track) = (b.features, b.affine, b.track_running_stats);
         // BatchNorm1d on [F] or [C, L], BatchNorm2d on [C, H, W]: channels come first.
         let c = cur.shape.d[0];
         if let Some(f) = features.filter(|&f| f != c) {
@@ -196,20 +145,8 @@ impl Analyzer {
         Some(self.same(cur, cur.shape))
     }
 
-    pub(super) fn layernorm(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["dim", "eps", "affine"])?;
-        let dim = match v[0] {
-            None | Some(Value::Null) => None,
-            d => self.int(kp, "dim", d, None, 1, MAX_DIM).map(Some)?,
-        };
-        self.number(kp, "eps", v[1], 1e-5, 0.0, 1.0)?;
-        let affine = self.flag(kp, "affine", v[2], true)?;
-        let cur = cur?;
+    pub(super) fn layernorm(&mut self, l: &LayerNorm, kp: &Path, cur: Cur) -> Option<Cur> {
+        let (dim, affine) = (l.dim, l.affine);
         let d = cur.shape.last();
         if let Some(x) = dim.filter(|&x| x != d) {
             self.err(
@@ -230,21 +167,8 @@ impl Analyzer {
         Some(self.out(cur.shape, Dt::Fp32))
     }
 
-    pub(super) fn groupnorm(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["groups", "channels", "eps", "affine"])?;
-        let groups = self.int(kp, "groups", v[0], None, 1, MAX_DIM);
-        let channels = match v[1] {
-            None | Some(Value::Null) => Some(None),
-            c => self.int(kp, "channels", c, None, 1, MAX_DIM).map(Some),
-        };
-        let eps = self.number(kp, "eps", v[2], 1e-5, 0.0, 1.0);
-        let affine = self.flag(kp, "affine", v[3], true);
-        let (groups, channels, _, affine, cur) = (groups?, channels?, eps?, affine?, cur?);
+    pub(super) fn groupnorm(&mut self, g: &GroupNorm, kp: &Path, cur: Cur) -> Option<Cur> {
+        let (groups, channels, affine) = (g.groups, g.channels, g.affine);
         if !self.expect_rank(kp, cur, &[2, 3, 4], "[channels, ...]") {
             return None;
         }
@@ -256,7 +180,7 @@ impl Analyzer {
             );
             return None;
         }
-        if c % groups != 0 {
+        if !c.is_multiple_of(groups) {
             self.err(
                 &Path::Key(kp, "groups"),
                 format!("{groups} does not divide the incoming channels {c}"),

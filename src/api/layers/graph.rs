@@ -5,18 +5,12 @@ use super::*;
 impl Analyzer {
     pub(super) fn embedding(
         &mut self,
-        body: &Map<String, Value>,
+        e: &Embedding,
         kp: &Path,
-        cur: Option<Cur>,
+        cur: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["vocab", "dim", "paddingIdx"])?;
-        let vocab = self.int(kp, "vocab", v[0], None, 1, MAX_DIM);
-        let dim = self.int(kp, "dim", v[1], None, 1, MAX_DIM);
-        if let Some(p) = v[2].filter(|p| !p.is_null()) {
-            self.int(kp, "paddingIdx", Some(p), None, 0, MAX_DIM)?;
-        }
-        let (vocab, dim, cur) = (vocab?, dim?, cur?);
+        let (vocab, dim) = (e.vocab, e.dim);
         if depth != 0 || cur.id != 0 || !self.ids_input {
             self.err(
                 kp,
@@ -45,22 +39,22 @@ impl Analyzer {
 
     pub(super) fn residual(
         &mut self,
-        body: &Map<String, Value>,
+        layers: &Layers,
+        shortcut: &Layers,
         kp: &Path,
-        cur: Option<Cur>,
+        input: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["layers", "shortcut"])?;
-        let layers = self.list(kp, "layers", v[0], true);
-        let shortcut = self.list(kp, "shortcut", v[1], false);
-        let (layers, shortcut) = (layers?, shortcut?);
-        let lp = Path::Key(kp, "layers");
-        let sp = Path::Key(kp, "shortcut");
-        let body_out = self.walk(layers, &lp, cur, depth + 1);
-        let short_out = self.walk(shortcut, &sp, cur, depth + 1);
-        let (b, s, input) = (body_out?, short_out?, cur?);
+        let body_out = self.walk(layers, &Path::List(kp, "layers", 0), Some(input), depth + 1);
+        let short_out = self.walk(
+            shortcut,
+            &Path::List(kp, "shortcut", 1),
+            Some(input),
+            depth + 1,
+        );
+        let (b, s) = (body_out?, short_out?);
         if b.shape != s.shape {
-            let reason = if shortcut.is_empty() {
+            let reason = if shortcut.list.is_empty() {
                 format!(
                     "the block's output {} does not match its input {}; add a shortcut: [...] that maps the input to the output's shape",
                     b.shape, input.shape
@@ -81,42 +75,20 @@ impl Analyzer {
 
     pub(super) fn concat(
         &mut self,
-        body: &Map<String, Value>,
+        branches: &[Layers],
+        dim: usize,
         kp: &Path,
-        cur: Option<Cur>,
+        cur: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["branches", "dim"])?;
-        let dim = self.int(kp, "dim", v[1], Some(0), 0, MAX_RANK as u64 - 1);
-        let bp = Path::Key(kp, "branches");
-        let branches = match v[0] {
-            Some(Value::Array(b)) if !b.is_empty() => Some(b),
-            other => {
-                let found = other
-                    .map(|x| x.to_string())
-                    .unwrap_or_else(|| "missing".into());
-                self.err(
-                    &bp,
-                    format!("{found}: give a non-empty list of branches, each a list of layers ([] for the input itself)"),
-                );
-                None
-            }
-        };
-        let mut outs = Vec::new();
+        let bp = Path::List(kp, "branches", 0);
+        let mut outs = Vec::with_capacity(branches.len());
         let mut ok = true;
-        for (i, br) in branches?.iter().enumerate() {
-            let ip = Path::Index(&bp, i);
-            let out = match br {
-                Value::Array(list) => self.walk(list, &ip, cur, depth + 1),
-                other => {
-                    self.err(&ip, format!("{other} is not a list of layers"));
-                    None
-                }
-            };
+        for (i, br) in branches.iter().enumerate() {
+            let out = self.walk(br, &Path::Index(&bp, i), Some(cur), depth + 1);
             ok &= out.is_some();
             outs.extend(out);
         }
-        let (dim, _) = (dim? as usize, cur?);
         if !ok {
             return None;
         }
@@ -156,17 +128,8 @@ impl Analyzer {
         Some(self.out(shape, dt))
     }
 
-    pub(super) fn gate(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-        depth: usize,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["layers"])?;
-        let layers = self.list(kp, "layers", v[0], true)?;
-        let s = self.walk(layers, &Path::Key(kp, "layers"), cur, depth + 1);
-        let (s, x) = (s?, cur?);
+    pub(super) fn gate(&mut self, layers: &Layers, kp: &Path, x: Cur, depth: usize) -> Option<Cur> {
+        let s = self.walk(layers, &Path::List(kp, "layers", 0), Some(x), depth + 1)?;
         let fits = s.shape.rank == x.shape.rank
             && (0..x.shape.rank).all(|j| s.shape.d[j] == x.shape.d[j] || s.shape.d[j] == 1);
         if !fits {
@@ -186,18 +149,17 @@ impl Analyzer {
         Some(self.out(x.shape, dt))
     }
 
+    /// An auxiliary head: its output is extra logits; the main path goes on from its input.
     pub(super) fn aux(
         &mut self,
-        body: &Map<String, Value>,
+        layers: &Layers,
         kp: &Path,
-        cur: Option<Cur>,
+        cur: Cur,
         depth: usize,
     ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["layers"])?;
-        let layers = self.list(kp, "layers", v[0], true)?;
-        let out = self.walk(layers, &Path::Key(kp, "layers"), cur, depth + 1)?;
+        let out = self.walk(layers, &Path::List(kp, "layers", 0), Some(cur), depth + 1)?;
         let e = self.elems(out);
         add(&mut self.aux_output, e, &mut self.overflow);
-        cur
+        Some(cur)
     }
 }

@@ -3,83 +3,42 @@
 use super::*;
 
 impl Analyzer {
-    pub(super) fn activation(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-        kind: Kind,
-    ) -> Option<Cur> {
-        let names: &[&str] = match kind {
-            Kind::Relu | Kind::Relu6 | Kind::Silu => &["inplace"],
-            Kind::LeakyRelu => &["inplace", "negativeSlope"],
-            Kind::Gelu => &["approximate"],
-            Kind::Softmax => &["dim"],
-            _ => &[],
+    /// Always has an output: an activation takes any shape.
+    pub(super) fn activation(&mut self, layer: &Layer, cur: Cur) -> Cur {
+        let inplace = match layer {
+            Layer::Relu { inplace }
+            | Layer::Relu6 { inplace }
+            | Layer::LeakyRelu { inplace, .. }
+            | Layer::Silu { inplace } => *inplace,
+            _ => false,
         };
-        let v = self.fields(body, kp, names)?;
-        let inplace = if names.first() == Some(&"inplace") {
-            self.flag(kp, "inplace", v[0], false)?
-        } else {
-            false
-        };
-        if kind == Kind::LeakyRelu {
-            self.number(kp, "negativeSlope", v[1], 0.01, -1e6, 1e6)?;
-        }
-        if kind == Kind::Gelu {
-            match v[0] {
-                None | Some(Value::Null) => {}
-                Some(Value::String(s)) if s == "none" || s == "tanh" => {}
-                Some(x) => {
-                    self.err(
-                        &Path::Key(kp, "approximate"),
-                        format!("{x} is not allowed; use none or tanh"),
-                    );
-                    return None;
-                }
-            }
-        }
-        if kind == Kind::Softmax {
-            match v[0] {
-                None | Some(Value::Null) => {}
-                Some(x) if x.as_i64() == Some(-1) => {}
-                Some(x) => {
-                    self.err(
-                        &Path::Key(kp, "dim"),
-                        format!("{x} is not supported; softmax runs over the last dimension (-1)"),
-                    );
-                    return None;
-                }
-            }
-        }
-        let cur = cur?;
         let inplace = inplace && self.can_modify(cur);
         let elems = self.elems(cur);
-        Some(match kind {
+        match layer {
             // threshold_backward / hardtanh_ / leaky_relu_ use the result: in place it is the
             // input's storage; ReLU keeps its result even out of place.
-            Kind::Relu | Kind::Relu6 | Kind::LeakyRelu if inplace => {
+            Layer::Relu { .. } | Layer::Relu6 { .. } | Layer::LeakyRelu { .. } if inplace => {
                 self.keep(cur.id);
                 cur
             }
-            Kind::Relu | Kind::Sigmoid | Kind::Tanh => {
+            Layer::Relu { .. } | Layer::Sigmoid | Layer::Tanh => {
                 let out = self.same(cur, cur.shape);
                 self.keep(out.id);
                 out
             }
             // Out of place, hardtanh and leaky_relu keep their input.
-            Kind::Relu6 | Kind::LeakyRelu | Kind::Gelu => {
+            Layer::Relu6 { .. } | Layer::LeakyRelu { .. } | Layer::Gelu { .. } => {
                 self.keep(cur.id);
                 self.same(cur, cur.shape)
             }
             // silu keeps its input; in place the input is overwritten, so an input-sized tensor
             // of its original values is kept besides the output (the same bytes either way).
-            Kind::Silu if inplace => {
+            Layer::Silu { .. } if inplace => {
                 let dt = self.dt(cur);
                 self.keep_new(elems, dt);
                 cur
             }
-            Kind::Silu => {
+            Layer::Silu { .. } => {
                 self.keep(cur.id);
                 self.same(cur, cur.shape)
             }
@@ -89,29 +48,10 @@ impl Analyzer {
                 self.keep(out.id);
                 out
             }
-        })
+        }
     }
 
-    pub(super) fn pool(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-        max: bool,
-    ) -> Option<Cur> {
-        let names: &[&str] = if max {
-            &["kernelSize", "stride", "padding", "dilation", "ceilMode"]
-        } else {
-            &[
-                "kernelSize",
-                "stride",
-                "padding",
-                "ceilMode",
-                "countIncludePad",
-            ]
-        };
-        let v = self.fields(body, kp, names)?;
-        let cur = cur?;
+    pub(super) fn pool(&mut self, p: &Pool, kp: &Path, cur: Cur, max: bool) -> Option<Cur> {
         if !self.expect_rank(
             kp,
             cur,
@@ -121,23 +61,23 @@ impl Analyzer {
             return None;
         }
         let n = cur.shape.rank - 1;
-        let k = self.spatial(kp, "kernelSize", v[0], None, n, 1);
+        let k = self.spatial(kp, "kernelSize", p.kernel_size.0.as_ref(), None, n, 1);
         let stride = match k {
-            Some(k) => match v[1] {
+            Some(k) => match p.stride.0.as_ref() {
                 None | Some(Value::Null) => Some(k),
                 s => self.spatial(kp, "stride", s, None, n, 1),
             },
             None => None,
         };
-        let pad = self.spatial(kp, "padding", v[2], Some(0), n, 0);
+        let pad = self.spatial(kp, "padding", p.padding.0.as_ref(), Some(0), n, 0);
         let (dil, ceil) = if max {
             (
-                self.spatial(kp, "dilation", v[3], Some(1), n, 1),
-                self.flag(kp, "ceilMode", v[4], false),
+                self.spatial(kp, "dilation", p.dilation.0.as_ref(), Some(1), n, 1),
+                self.flag(kp, "ceilMode", p.ceil_mode.0.as_ref(), false),
             )
         } else {
-            let c = self.flag(kp, "ceilMode", v[3], false);
-            let _ = self.flag(kp, "countIncludePad", v[4], true)?;
+            let c = self.flag(kp, "ceilMode", p.ceil_mode.0.as_ref(), false);
+            let _ = self.flag(kp, "countIncludePad", p.count_include_pad.0.as_ref(), true)?;
             (Some([1; 2]), c)
         };
         let (k, stride, pad, dil, ceil) = (k?, stride?, pad?, dil?, ceil?);
@@ -191,14 +131,7 @@ impl Analyzer {
         Some(out)
     }
 
-    pub(super) fn adaptive_pool(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["outputSize"])?;
-        let cur = cur?;
+    pub(super) fn adaptive_pool(&mut self, size: &Written, kp: &Path, cur: Cur) -> Option<Cur> {
         if !self.expect_rank(
             kp,
             cur,
@@ -208,7 +141,7 @@ impl Analyzer {
             return None;
         }
         let n = cur.shape.rank - 1;
-        let size = self.spatial(kp, "outputSize", v[0], None, n, 1)?;
+        let size = self.spatial(kp, "outputSize", size.0.as_ref(), None, n, 1)?;
         let mut shape = cur.shape;
         shape.d[1..=n].copy_from_slice(&size[..n]);
         // An output of 1 is computed as mean(), which saves only sizes
@@ -219,31 +152,23 @@ impl Analyzer {
         Some(self.same(cur, shape))
     }
 
-    pub(super) fn dropout(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["p", "inplace"])?;
-        let p = self.number(kp, "p", v[0], 0.5, 0.0, 1.0);
-        let inplace = self.flag(kp, "inplace", v[1], false);
-        let (p, inplace, cur) = (p?, inplace?, cur?);
+    /// Always has an output: dropout takes any shape.
+    pub(super) fn dropout(&mut self, p: f64, inplace: bool, cur: Cur) -> Cur {
         if p == 0.0 {
-            return Some(cur);
+            return cur;
         }
         if p >= 1.0 {
-            return Some(self.same(cur, cur.shape));
+            return self.same(cur, cur.shape);
         }
         let elems = self.elems(cur);
         if inplace && self.can_modify(cur) {
             // In place, dropout multiplies by a noise tensor of the input's dtype and keeps it.
             let dt = self.dt(cur);
             self.keep_new(elems, dt);
-            return Some(cur);
+            return cur;
         }
         // native_dropout keeps a one-byte mask.
         self.keep_fixed(elems, Fixed::Byte);
-        Some(self.same(cur, cur.shape))
+        self.same(cur, cur.shape)
     }
 }

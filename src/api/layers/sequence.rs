@@ -4,18 +4,8 @@
 use super::*;
 
 impl Analyzer {
-    pub(super) fn attention(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-    ) -> Option<Cur> {
-        let v = self.fields(body, kp, &["dim", "heads", "bias", "flash"])?;
-        let dim = self.int(kp, "dim", v[0], None, 1, MAX_DIM);
-        let heads = self.int(kp, "heads", v[1], None, 1, MAX_DIM);
-        let bias = self.flag(kp, "bias", v[2], true);
-        let flash = self.opt_flag(kp, "flash", v[3]);
-        let (dim, heads, bias, flash, cur) = (dim?, heads?, bias?, flash?, cur?);
+    pub(super) fn attention(&mut self, a: &Attention, kp: &Path, cur: Cur) -> Option<Cur> {
+        let (dim, heads, bias, flash) = (a.dim, a.heads, a.bias, a.flash);
         if !self.expect_rank(kp, cur, &[2], "[tokens, dim]") {
             return None;
         }
@@ -81,75 +71,56 @@ impl Analyzer {
         Some(self.out(cur.shape, Dt::Half))
     }
 
-    pub(super) fn token_op(
-        &mut self,
-        body: &Map<String, Value>,
-        kp: &Path,
-        cur: Option<Cur>,
-        kind: Kind,
-    ) -> Option<Cur> {
-        let names: &[&str] = if kind == Kind::SelectToken {
-            &["index"]
-        } else {
-            &[]
-        };
-        let v = self.fields(body, kp, names)?;
-        let index = if kind == Kind::SelectToken {
-            self.int(kp, "index", v[0], Some(0), 0, MAX_DIM)?
-        } else {
-            0
-        };
-        let cur = cur?;
-        match kind {
-            // [C, H, W] → [H·W, C]: a reshape and permute, a view.
-            Kind::Tokens => {
-                if !self.expect_rank(
-                    kp,
-                    cur,
-                    &[2, 3],
-                    "[channels, length] or [channels, height, width]",
-                ) {
-                    return None;
-                }
-                let c = cur.shape.d[0];
-                let n = self.elems(cur) / c;
-                Some(Cur {
-                    id: cur.id,
-                    shape: Shape::new(&[n, c]),
-                })
-            }
-            // cat([class token, x]): a new tensor, promoted to the fp32 parameter's dtype.
-            Kind::ClassToken => {
-                if !self.expect_rank(kp, cur, &[2], "[tokens, dim]") {
-                    return None;
-                }
-                let (t, d) = (cur.shape.d[0], cur.shape.d[1]);
-                self.param(d, false);
-                Some(self.out(Shape::new(&[t + 1, d]), Dt::Fp32))
-            }
-            // x + a learned table of x's shape; the add keeps nothing.
-            Kind::PositionEmbedding => {
-                let e = self.elems(cur);
-                self.param(e, false);
-                Some(self.out(cur.shape, Dt::Fp32))
-            }
-            // x[:, index]: a view; select keeps only sizes.
-            _ => {
-                if !self.expect_rank(kp, cur, &[2], "[tokens, dim]") {
-                    return None;
-                }
-                if index >= cur.shape.d[0] {
-                    self.err(
-                        &Path::Key(kp, "index"),
-                        format!("{index} is out of range for {} tokens", cur.shape.d[0]),
-                    );
-                    return None;
-                }
-                Some(Cur {
-                    id: cur.id,
-                    shape: Shape::new(&[cur.shape.d[1]]),
-                })
-            }
+    /// [C, H, W] → [H·W, C]: a reshape and permute, a view.
+    pub(super) fn tokens(&mut self, kp: &Path, cur: Cur) -> Option<Cur> {
+        if !self.expect_rank(
+            kp,
+            cur,
+            &[2, 3],
+            "[channels, length] or [channels, height, width]",
+        ) {
+            return None;
         }
+        let c = cur.shape.d[0];
+        let n = self.elems(cur) / c;
+        Some(Cur {
+            id: cur.id,
+            shape: Shape::new(&[n, c]),
+        })
+    }
+
+    /// cat([class token, x]): a new tensor, promoted to the fp32 parameter's dtype.
+    pub(super) fn class_token(&mut self, kp: &Path, cur: Cur) -> Option<Cur> {
+        if !self.expect_rank(kp, cur, &[2], "[tokens, dim]") {
+            return None;
+        }
+        let (t, d) = (cur.shape.d[0], cur.shape.d[1]);
+        self.param(d, false);
+        Some(self.out(Shape::new(&[t + 1, d]), Dt::Fp32))
+    }
+
+    /// x + a learned table of x's shape; the add keeps nothing.
+    pub(super) fn position_embedding(&mut self, cur: Cur) -> Cur {
+        let e = self.elems(cur);
+        self.param(e, false);
+        self.out(cur.shape, Dt::Fp32)
+    }
+
+    /// x[:, index]: a view; select keeps only sizes.
+    pub(super) fn select_token(&mut self, index: u64, kp: &Path, cur: Cur) -> Option<Cur> {
+        if !self.expect_rank(kp, cur, &[2], "[tokens, dim]") {
+            return None;
+        }
+        if index >= cur.shape.d[0] {
+            self.err(
+                &Path::Key(kp, "index"),
+                format!("{index} is out of range for {} tokens", cur.shape.d[0]),
+            );
+            return None;
+        }
+        Some(Cur {
+            id: cur.id,
+            shape: Shape::new(&[cur.shape.d[1]]),
+        })
     }
 }

@@ -362,3 +362,140 @@ fn embedding_mlp_on_token_ids() {
     assert_eq!(s.saved.autocast_fp32_elems, 512);
     assert_eq!(s.saved.half_elems, 512);
 }
+
+#[test]
+fn layers_read_into_types_with_defaults() {
+    let list = json!([
+        {"conv2d": {"in": 3, "out": 8, "kernelSize": [3, 5], "padding": "same"}},
+        {"relu": null},
+        {"residual": {"layers": [{"gelu": {"approximate": "tanh"}}]}},
+        {"attention": {"dim": 8, "heads": 2}},
+    ]);
+    let read = read(list.as_array().expect("a list"), LAYERS_PATH).expect("reads");
+    assert_eq!(
+        read[0],
+        Layer::Conv2d(Conv {
+            input: 3,
+            out: 8,
+            kernel_size: [3, 5],
+            stride: [1, 1],
+            padding: ConvPadding::Same,
+            dilation: [1, 1],
+            groups: 1,
+            bias: true,
+        })
+    );
+    assert_eq!(read[1], Layer::Relu { inplace: false });
+    assert_eq!(
+        read[2],
+        Layer::Residual {
+            layers: Layers {
+                list: vec![Layer::Gelu { tanh: true }],
+                complete: true,
+            },
+            shortcut: Layers {
+                list: vec![],
+                complete: true,
+            },
+        }
+    );
+    assert_eq!(
+        read[3],
+        Layer::Attention(Attention {
+            dim: 8,
+            heads: 2,
+            bias: true,
+            flash: None,
+        })
+    );
+    assert_eq!(
+        read.iter().map(Layer::kind).collect::<Vec<_>>(),
+        ["conv2d", "relu", "residual", "attention"]
+    );
+}
+
+/// A shape error before a bad element, a bad element nested in a block and a bad element
+/// after it: all reported, each at its path, in the order of the list.
+#[test]
+fn every_bad_element_is_reported_beside_the_shape_errors() {
+    let e = errs(
+        json!([
+            {"linear": {"in": 5, "out": 4}},
+            {"residual": {"layers": [{"linear": {"in": 4, "out": 4, "bais": true}}]}},
+            {"softmax": {"dim": 0}},
+        ]),
+        &[4],
+    );
+    let paths: Vec<&str> = e.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.model.layers[0].linear.in",
+            "spec.model.layers[1].residual.layers[0].linear.bais",
+            "spec.model.layers[2].softmax.dim",
+        ],
+        "{e:?}"
+    );
+    // Inside a block: its body (a shape error at its second layer) before its shortcut
+    // (a bad element), though the shortcut is read before any shape is propagated.
+    let e = errs(
+        json!([{"residual": {
+            "layers": [{"relu": {}}, {"linear": {"in": 5, "out": 4}}],
+            "shortcut": [{"relu": {"inplace": 1}}],
+        }}]),
+        &[4],
+    );
+    let paths: Vec<&str> = e.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.model.layers[0].residual.layers[1].linear.in",
+            "spec.model.layers[0].residual.shortcut[0].relu.inplace",
+        ],
+        "{e:?}"
+    );
+    // Reading alone reports the same bad elements, and no shape.
+    let list = json!([
+        {"linear": {"in": 5, "out": 4}},
+        {"residual": {"layers": [{"linear": {"in": 4, "out": 4, "bais": true}}]}},
+        {"softmax": {"dim": 0}},
+    ]);
+    let e = read(list.as_array().expect("a list"), LAYERS_PATH).expect_err("bad elements");
+    assert_eq!(e.len(), 2, "{e:?}");
+}
+
+#[test]
+fn one_layer_reads_with_serde_and_the_same_messages() {
+    let l: Layer = serde_json::from_value(json!({"linear": {"in": 4, "out": 2, "bias": false}}))
+        .expect("a layer");
+    assert_eq!(
+        l,
+        Layer::Linear(Linear {
+            input: 4,
+            out: 2,
+            bias: false,
+        })
+    );
+    let e = serde_json::from_value::<Layer>(json!({"linear": {"in": 0}})).expect_err("bad");
+    let shown = e.to_string();
+    assert!(
+        shown.contains("layer.linear.in: 0 is not allowed; expected an integer from 1 to")
+            && shown.contains("layer.linear.out: missing"),
+        "{shown}"
+    );
+    let e = serde_json::from_value::<Layer>(json!({"dense": {}})).expect_err("bad kind");
+    assert!(
+        e.to_string().contains("unknown layer kind \"dense\""),
+        "{e}"
+    );
+}
+
+/// A layer stays small: a list of thousands is read into memory before it is analysed.
+#[test]
+fn a_layer_is_small() {
+    assert!(
+        std::mem::size_of::<Layer>() <= 128,
+        "{}",
+        std::mem::size_of::<Layer>()
+    );
+}

@@ -6,13 +6,13 @@ use std::fmt;
 
 use super::training_job::*;
 use model::resolve_model;
-use peft::validate_peft;
 pub use peft::{
     LORA_TARGET_ALIASES, LORA_TARGETS, SAVED_MODULE_ALIASES, block_projections, lora_target_names,
     saved_module_name,
 };
+use peft::{lora_of, validate_peft};
 pub use quantization::quantization_name;
-use quantization::{hf_quantization, quantization_format};
+use quantization::resolved_quantization;
 
 mod model;
 mod peft;
@@ -225,13 +225,76 @@ fn validate_hinted(
     hint: Option<&str>,
 ) -> Result<ValidatedJob, ValidationErrors> {
     let mut errs = Errors(Vec::new());
+    let errs = &mut errs;
     let t = &spec.training;
-    let p = &spec.parallelism;
 
-    let (model, model_name) = resolve_model(&mut errs, &spec.model, hint);
+    let (model, model_name) = resolve_model(errs, &spec.model, hint);
+    let (head, num_labels) = head_and_labels(errs, spec, model.as_ref());
 
-    // Head.
-    // Layer lists and vision presets carry their own classifier.
+    // Training.
+    micro_batch(errs, t.micro_batch_size);
+    sequence_length_range(errs, t.sequence_length);
+    if t.data_on_gpu_bytes as f64 > MAX_BYTES {
+        errs.push(
+            "spec.training.dataOnGpuBytes",
+            format!(
+                "{} is too large; maximum is {MAX_BYTES:e}",
+                t.data_on_gpu_bytes
+            ),
+        );
+    }
+
+    let (quantization, quantization_bits, quantization_group) = resolved_quantization(errs, spec);
+    let lora = lora_of(errs, t, model.as_ref());
+    validate_peft(
+        errs,
+        t,
+        matches!(model, Some(ResolvedModel::Transformer(_))),
+    );
+
+    let total_parameters = total_parameters(errs, model.as_ref(), head, num_labels);
+    trainable_and_generation(errs, t, total_parameters);
+    let (model_parallel, data_parallel, gpus_per_node) = parallel_sizes(errs, &spec.parallelism);
+    parallel_fits_model(errs, spec, model.as_ref(), model_parallel);
+    let gradient_accumulation_steps = accumulation_steps(errs, spec, data_parallel);
+    fit_policy(errs, spec);
+    let (allocator, runtime, allocator_conf) = framework_of(errs, spec);
+
+    if !errs.0.is_empty() {
+        return Err(ValidationErrors(std::mem::take(&mut errs.0)));
+    }
+    let model = model.expect("a model error would have returned above");
+    // The stage the job runs at, written down: FSDP without zeroStage shards fully.
+    let mut spec = spec.clone();
+    spec.parallelism.zero_stage = Some(spec.parallelism.zero());
+    Ok(ValidatedJob {
+        spec,
+        model,
+        model_name,
+        head,
+        num_labels,
+        quantization,
+        quantization_bits,
+        quantization_group,
+        lora,
+        total_parameters,
+        data_parallel,
+        gpus_per_node,
+        gradient_accumulation_steps,
+        allocator,
+        runtime,
+        allocator_conf,
+    })
+}
+
+/// The head and the label count. Layer lists and vision presets carry their own classifier;
+/// a shape given beside a model that does not read it is still checked.
+fn head_and_labels(
+    errs: &mut Errors,
+    spec: &TrainingJobSpec,
+    model: Option<&ResolvedModel>,
+) -> (Head, u64) {
+    let t = &spec.training;
     let is_layers = matches!(model, Some(ResolvedModel::Layers(_)));
     let head = spec.model.head.unwrap_or(if is_layers {
         Head::Classification
@@ -269,172 +332,17 @@ fn validate_hinted(
             errs.at_least(&format!("spec.model.inputShape[{i}]"), *d, 1);
         }
     }
+    (head, num_labels)
+}
 
-    // Training.
-    micro_batch(&mut errs, t.micro_batch_size);
-    sequence_length_range(&mut errs, t.sequence_length);
-    if t.data_on_gpu_bytes as f64 > MAX_BYTES {
-        errs.push(
-            "spec.training.dataOnGpuBytes",
-            format!(
-                "{} is too large; maximum is {MAX_BYTES:e}",
-                t.data_on_gpu_bytes
-            ),
-        );
-    }
-
-    // A pre-quantized checkpoint says so in its config.
-    let from_config = spec
-        .model
-        .hf_config
-        .as_ref()
-        .and_then(|c| hf_quantization(c, &mut errs));
-    if let (TrainingMode::Full, None, Some((q, _, _))) = (t.mode, t.quantization, from_config) {
-        errs.push(
-            "spec.training.mode",
-            format!(
-                "full fine-tuning cannot train the {} checkpoint model.hfConfig describes (its quantization_config); use mode: lora, qlora or adapter, or the config of the unquantized model",
-                quantization_name(q)
-            ),
-        );
-    }
-    // (Reported above for full fine-tuning; not again at `quantization`.)
-    let written = t.quantization.or(from_config
-        .map(|(q, _, _)| q)
-        .filter(|_| t.mode != TrainingMode::Full));
-    let quantization = match (t.mode, written) {
-        (TrainingMode::Qlora, None) => Quantization::Nf4,
-        (TrainingMode::Qlora, Some(Quantization::None)) => {
-            errs.push(
-                "spec.training.quantization",
-                "none contradicts mode: qlora (quantized base weights); use nf4, nf4-double, gptq or awq, or mode: lora",
-            );
-            Quantization::None
-        }
-        (TrainingMode::Full, Some(q)) if q != Quantization::None => {
-            errs.push(
-                "spec.training.quantization",
-                format!(
-                    "{} base weights cannot be trained in mode: full; use mode: lora, qlora or adapter",
-                    quantization_name(q)
-                ),
-            );
-            q
-        }
-        (_, q) => q.unwrap_or(Quantization::None),
-    };
-    let (quantization_bits, quantization_group) =
-        quantization_format(t, quantization, from_config, &mut errs);
-
-    let lora = match t.mode {
-        TrainingMode::Lora | TrainingMode::Qlora => {
-            let l = t.lora.clone().unwrap_or_default();
-            errs.at_least("spec.training.lora.rank", l.rank, 1);
-            errs.at_most("spec.training.lora.rank", l.rank, 1 << 16);
-            if !l.alpha.is_finite() || l.alpha <= 0.0 {
-                errs.push(
-                    "spec.training.lora.alpha",
-                    format!("{} is not allowed; must be a positive number", l.alpha),
-                );
-            } else if l.alpha > MAX_LORA_ALPHA {
-                errs.push(
-                    "spec.training.lora.alpha",
-                    format!(
-                        "{} is too large; maximum is {MAX_LORA_ALPHA} (fp16's largest value: the adapter's output scaled by alpha/rank past it is infinite); usual values are 8 to 512, often twice the rank",
-                        l.alpha
-                    ),
-                );
-            }
-            if !l.dropout.is_finite() || !(0.0..1.0).contains(&l.dropout) {
-                errs.push(
-                    "spec.training.lora.dropout",
-                    format!("{} is not allowed; use a probability in [0, 1)", l.dropout),
-                );
-            }
-            if l.target_modules.is_empty() {
-                errs.push(
-                    "spec.training.lora.targetModules",
-                    format!("must name at least one of {}", LORA_TARGETS.join(", ")),
-                );
-            }
-            let arch = match &model {
-                Some(ResolvedModel::Transformer(a)) => Some(a),
-                _ => None,
-            };
-            let mut canonical: Vec<String> = Vec::new();
-            let mut unknown = 0usize;
-            for (i, m) in l.target_modules.iter().enumerate() {
-                match lora_target_names(m, arch) {
-                    Some(names) => {
-                        for n in names {
-                            if !canonical.iter().any(|c| c == n) {
-                                canonical.push((*n).to_string());
-                            }
-                        }
-                    }
-                    // The first few unknown names, each with the known ones; a
-                    // list of thousands gets one line for the rest.
-                    None if unknown < 8 => {
-                        unknown += 1;
-                        errs.push(
-                            &format!("spec.training.lora.targetModules[{i}]"),
-                            format!(
-                                "unknown module {m:?}; known: {}, or a model's own name for them (c_attn, query_key_value, W_pack, c_proj, fc1, fc2, dense, ...: the field's description lists them)",
-                                LORA_TARGETS.join(", "),
-                            ),
-                        )
-                    }
-                    None => unknown += 1,
-                }
-            }
-            if unknown > 8 {
-                errs.push(
-                    "spec.training.lora.targetModules",
-                    format!("{} more unknown modules", unknown - 8),
-                );
-            }
-            let mut saved: Vec<String> = Vec::new();
-            for (i, m) in l.modules_to_save.iter().enumerate() {
-                match saved_module_name(m) {
-                    Some(n) => {
-                        if !saved.iter().any(|c| c == n) {
-                            saved.push(n.to_string());
-                        }
-                    }
-                    None => errs.push(
-                        &format!("spec.training.lora.modulesToSave[{i}]"),
-                        format!(
-                            "unknown module {m:?}; known: embed_tokens, lm_head, or a model's own name for them ({})",
-                            SAVED_MODULE_ALIASES
-                                .iter()
-                                .map(|(a, _)| *a)
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ),
-                }
-            }
-            Some(LoraSpec {
-                target_modules: canonical,
-                modules_to_save: saved,
-                ..l
-            })
-        }
-        _ => {
-            if t.lora.is_some() {
-                errs.push("spec.training.lora", "only used with mode: lora or qlora");
-            }
-            None
-        }
-    };
-
-    validate_peft(
-        &mut errs,
-        t,
-        matches!(model, Some(ResolvedModel::Transformer(_))),
-    );
-
-    let total_parameters = match &model {
+/// The model's parameter count (0 when it is unknown or refused).
+fn total_parameters(
+    errs: &mut Errors,
+    model: Option<&ResolvedModel>,
+    head: Head,
+    num_labels: u64,
+) -> u64 {
+    match model {
         Some(ResolvedModel::Transformer(arch)) => {
             match params::count(arch, head, num_labels).map(|c| c.total) {
                 Some(n) if (n as f64) <= MAX_PARAMETERS => n,
@@ -457,11 +365,14 @@ fn validate_hinted(
         Some(ResolvedModel::Custom { parameters, .. }) => *parameters,
         Some(ResolvedModel::Layers(stack)) => stack.parameters,
         None => 0,
-    };
+    }
+}
 
+/// `trainableParameters` against the model, and what inference alone may set.
+fn trainable_and_generation(errs: &mut Errors, t: &TrainingSpec, total_parameters: u64) {
     if let Some(tp) = t.trainable_parameters
         && let Some(n) = count_from_f64(
-            &mut errs,
+            errs,
             "spec.training.trainableParameters",
             tp,
             0.0,
@@ -488,7 +399,7 @@ fn validate_hinted(
             MAX_GENERATED_TOKENS,
         );
         if let Some(len) = g.cache_length {
-            cache_holds(&mut errs, t.sequence_length, g.new_tokens, len);
+            cache_holds(errs, t.sequence_length, g.new_tokens, len);
             errs.at_most(
                 "spec.training.generation.cacheLength",
                 len,
@@ -502,15 +413,17 @@ fn validate_hinted(
             "must be 0 or absent in mode: inference",
         );
     }
+}
 
-    // Parallelism.
+/// The parallel sizes: (tensor × pipeline × context, data-parallel ranks, GPUs per node).
+fn parallel_sizes(errs: &mut Errors, p: &ParallelismSpec) -> (Option<u64>, u64, u64) {
     errs.at_least("spec.parallelism.gpus", p.gpus, 1);
     errs.at_most("spec.parallelism.gpus", p.gpus, MAX_GPUS);
     errs.at_least("spec.parallelism.tensorParallel", p.tensor_parallel, 1);
     errs.at_least("spec.parallelism.pipelineParallel", p.pipeline_parallel, 1);
     errs.at_least("spec.parallelism.contextParallel", p.context_parallel, 1);
     errs.at_least("spec.parallelism.virtualStages", p.virtual_stages, 1);
-    zero_stage(&mut errs, p);
+    zero_stage(errs, p);
     if let Some(sharding) = p.sharding {
         if p.strategy != Strategy::Fsdp {
             errs.push(
@@ -569,6 +482,17 @@ fn validate_hinted(
             );
         }
     }
+    (model_parallel, data_parallel, gpus_per_node)
+}
+
+/// The parallel settings against each other and against the model they split.
+fn parallel_fits_model(
+    errs: &mut Errors,
+    spec: &TrainingJobSpec,
+    model: Option<&ResolvedModel>,
+    model_parallel: Option<u64>,
+) {
+    let (t, p) = (&spec.training, &spec.parallelism);
     if p.sequence_parallel && p.tensor_parallel < 2 {
         errs.push(
             "spec.parallelism.sequenceParallel",
@@ -581,10 +505,10 @@ fn validate_hinted(
             "more than 1 needs pipelineSchedule: interleaved-1f1b",
         );
     }
-    offload(&mut errs, p);
+    offload(errs, p);
     if let Some(target) = t.target_length {
         let encoder_decoder = matches!(
-            &model,
+            model,
             Some(ResolvedModel::Transformer(arch))
                 if arch.kind == Kind::EncoderDecoder
         );
@@ -598,7 +522,7 @@ fn validate_hinted(
         errs.at_most("spec.training.targetLength", target, MAX_SEQUENCE_LENGTH);
     }
     if let Some(ResolvedModel::Transformer(arch)) = &model {
-        model::sizes_the_model_takes(&mut errs, arch, p.tensor_parallel);
+        model::sizes_the_model_takes(errs, arch, p.tensor_parallel);
         let stages = p.pipeline_parallel.saturating_mul(p.virtual_stages);
         let blocks = arch.layers.saturating_add(arch.decoder_layers);
         if stages > blocks {
@@ -610,15 +534,18 @@ fn validate_hinted(
                 ),
             );
         }
-        context_parallel_divides(&mut errs, p, t);
+        context_parallel_divides(errs, p, t);
     } else if model.is_some() && model_parallel.is_some_and(|m| m > 1) {
         errs.push(
             "spec.parallelism",
             "tensor, pipeline and context parallelism need a transformer model",
         );
     }
+}
 
-    // Batch.
+/// Gradient accumulation steps from `globalBatchSize` (1 without it).
+fn accumulation_steps(errs: &mut Errors, spec: &TrainingJobSpec, data_parallel: u64) -> u64 {
+    let t = &spec.training;
     let mut gradient_accumulation_steps = 1;
     if let Some(g) = t.global_batch_size {
         match t.micro_batch_size.checked_mul(data_parallel) {
@@ -638,9 +565,12 @@ fn validate_hinted(
         }
     }
     let p = &spec.parallelism;
-    offload_gradients(&mut errs, p, gradient_accumulation_steps);
+    offload_gradients(errs, p, gradient_accumulation_steps);
+    gradient_accumulation_steps
+}
 
-    // Fit policy.
+fn fit_policy(errs: &mut Errors, spec: &TrainingJobSpec) {
+    let t = &spec.training;
     let fp = &spec.fit_policy;
     if !fp.safety_margin.is_finite() || !(0.0..1.0).contains(&fp.safety_margin) {
         errs.push(
@@ -671,7 +601,17 @@ fn validate_hinted(
         u64::from(fp.max_oom_retries),
         100,
     );
+}
 
+/// The framework's allocator limit and the runtime facts, as the spec and image say.
+fn framework_of(
+    errs: &mut Errors,
+    spec: &TrainingJobSpec,
+) -> (
+    FrameworkAllocator,
+    crate::api::RuntimeFacts,
+    crate::api::AllocatorConf,
+) {
     let allocator = match allocator_of(spec) {
         Ok(a) => a,
         Err(found) => {
@@ -691,30 +631,5 @@ fn validate_hinted(
             Default::default()
         }
     };
-
-    if !errs.0.is_empty() {
-        return Err(ValidationErrors(errs.0));
-    }
-    let model = model.expect("a model error would have returned above");
-    // The stage the job runs at, written down: FSDP without zeroStage shards fully.
-    let mut spec = spec.clone();
-    spec.parallelism.zero_stage = Some(spec.parallelism.zero());
-    Ok(ValidatedJob {
-        spec,
-        model,
-        model_name,
-        head,
-        num_labels,
-        quantization,
-        quantization_bits,
-        quantization_group,
-        lora,
-        total_parameters,
-        data_parallel,
-        gpus_per_node,
-        gradient_accumulation_steps,
-        allocator,
-        runtime,
-        allocator_conf,
-    })
+    (allocator, runtime, allocator_conf)
 }

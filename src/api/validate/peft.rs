@@ -202,3 +202,113 @@ pub(super) fn validate_peft(errs: &mut Errors, t: &crate::api::TrainingSpec, tra
         }
     }
 }
+
+/// LoRA's settings, target modules and saved modules under their canonical names; `None`
+/// in a mode without LoRA.
+pub(super) fn lora_of(
+    errs: &mut Errors,
+    t: &TrainingSpec,
+    model: Option<&ResolvedModel>,
+) -> Option<LoraSpec> {
+    match t.mode {
+        TrainingMode::Lora | TrainingMode::Qlora => {
+            let l = t.lora.clone().unwrap_or_default();
+            errs.at_least("spec.training.lora.rank", l.rank, 1);
+            errs.at_most("spec.training.lora.rank", l.rank, 1 << 16);
+            if !l.alpha.is_finite() || l.alpha <= 0.0 {
+                errs.push(
+                    "spec.training.lora.alpha",
+                    format!("{} is not allowed; must be a positive number", l.alpha),
+                );
+            } else if l.alpha > MAX_LORA_ALPHA {
+                errs.push(
+                    "spec.training.lora.alpha",
+                    format!(
+                        "{} is too large; maximum is {MAX_LORA_ALPHA} (fp16's largest value: the adapter's output scaled by alpha/rank past it is infinite); usual values are 8 to 512, often twice the rank",
+                        l.alpha
+                    ),
+                );
+            }
+            if !l.dropout.is_finite() || !(0.0..1.0).contains(&l.dropout) {
+                errs.push(
+                    "spec.training.lora.dropout",
+                    format!("{} is not allowed; use a probability in [0, 1)", l.dropout),
+                );
+            }
+            if l.target_modules.is_empty() {
+                errs.push(
+                    "spec.training.lora.targetModules",
+                    format!("must name at least one of {}", LORA_TARGETS.join(", ")),
+                );
+            }
+            let arch = match model {
+                Some(ResolvedModel::Transformer(a)) => Some(a),
+                _ => None,
+            };
+            let mut canonical: Vec<String> = Vec::new();
+            let mut unknown = 0usize;
+            for (i, m) in l.target_modules.iter().enumerate() {
+                match lora_target_names(m, arch) {
+                    Some(names) => {
+                        for n in names {
+                            if !canonical.iter().any(|c| c == n) {
+                                canonical.push((*n).to_string());
+                            }
+                        }
+                    }
+                    // The first few unknown names, each with the known ones; a
+                    // list of thousands gets one line for the rest.
+                    None if unknown < 8 => {
+                        unknown += 1;
+                        errs.push(
+                            &format!("spec.training.lora.targetModules[{i}]"),
+                            format!(
+                                "unknown module {m:?}; known: {}, or a model's own name for them (c_attn, query_key_value, W_pack, c_proj, fc1, fc2, dense, ...: the field's description lists them)",
+                                LORA_TARGETS.join(", "),
+                            ),
+                        )
+                    }
+                    None => unknown += 1,
+                }
+            }
+            if unknown > 8 {
+                errs.push(
+                    "spec.training.lora.targetModules",
+                    format!("{} more unknown modules", unknown - 8),
+                );
+            }
+            let mut saved: Vec<String> = Vec::new();
+            for (i, m) in l.modules_to_save.iter().enumerate() {
+                match saved_module_name(m) {
+                    Some(n) => {
+                        if !saved.iter().any(|c| c == n) {
+                            saved.push(n.to_string());
+                        }
+                    }
+                    None => errs.push(
+                        &format!("spec.training.lora.modulesToSave[{i}]"),
+                        format!(
+                            "unknown module {m:?}; known: embed_tokens, lm_head, or a model's own name for them ({})",
+                            SAVED_MODULE_ALIASES
+                                .iter()
+                                .map(|(a, _)| *a)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                }
+            }
+            Some(LoraSpec {
+                target_modules: canonical,
+                modules_to_save: saved,
+                ..l
+            })
+        }
+        _ => {
+            if t.lora.is_some() {
+                errs.push("spec.training.lora", "only used with mode: lora or qlora");
+            }
+            None
+        }
+    }
+}

@@ -149,3 +149,55 @@ pub(super) fn quantization_format(
 
 /// The largest quantization group a checkpoint is checked against.
 const MAX_QUANTIZATION_GROUP: i64 = 1 << 20;
+
+/// The quantization the job runs with, its bits and group size: as written, or as the
+/// model's config says for a pre-quantized checkpoint.
+pub(super) fn resolved_quantization(
+    errs: &mut Errors,
+    spec: &TrainingJobSpec,
+) -> (Quantization, u8, Option<u64>) {
+    let t = &spec.training;
+    // A pre-quantized checkpoint says so in its config.
+    let from_config = spec
+        .model
+        .hf_config
+        .as_ref()
+        .and_then(|c| hf_quantization(c, errs));
+    if let (TrainingMode::Full, None, Some((q, _, _))) = (t.mode, t.quantization, from_config) {
+        errs.push(
+            "spec.training.mode",
+            format!(
+                "full fine-tuning cannot train the {} checkpoint model.hfConfig describes (its quantization_config); use mode: lora, qlora or adapter, or the config of the unquantized model",
+                quantization_name(q)
+            ),
+        );
+    }
+    // (Reported above for full fine-tuning; not again at `quantization`.)
+    let written = t.quantization.or(from_config
+        .map(|(q, _, _)| q)
+        .filter(|_| t.mode != TrainingMode::Full));
+    let quantization = match (t.mode, written) {
+        (TrainingMode::Qlora, None) => Quantization::Nf4,
+        (TrainingMode::Qlora, Some(Quantization::None)) => {
+            errs.push(
+                "spec.training.quantization",
+                "none contradicts mode: qlora (quantized base weights); use nf4, nf4-double, gptq or awq, or mode: lora",
+            );
+            Quantization::None
+        }
+        (TrainingMode::Full, Some(q)) if q != Quantization::None => {
+            errs.push(
+                "spec.training.quantization",
+                format!(
+                    "{} base weights cannot be trained in mode: full; use mode: lora, qlora or adapter",
+                    quantization_name(q)
+                ),
+            );
+            q
+        }
+        (_, q) => q.unwrap_or(Quantization::None),
+    };
+    let (quantization_bits, quantization_group) =
+        quantization_format(t, quantization, from_config, errs);
+    (quantization, quantization_bits, quantization_group)
+}
