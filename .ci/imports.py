@@ -49,8 +49,6 @@ KNOWN = {
     'src/agent/cuda.rs::verify': 121,
     'src/agent/simulated.rs::from_spec': 166,
     'src/api/validate/mod.rs::validate_hinted': 498,
-    'src/apiserver/mod.rs': 1744,
-    'src/apiserver/mod.rs::write': 159,
     'src/estimate/step.rs': 1407,
     'src/estimate/step.rs::transformer_stage': 625,
     'src/simulate/baseline.rs::run': 233,
