@@ -12,11 +12,11 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use super::http::{Target, json_response, not_found, status_response, stored_response};
+use super::meta::metadata_problems;
 use super::patch::merged;
-use super::{
-    Inner, Key, Shared, Stored, Target, json_response, metadata_problems, not_found,
-    status_response, stored_response,
-};
+use super::store::{Inner, Stored};
+use super::{Key, Shared};
 
 /// `patch` (an object) merged into the status of `old`; the caller has
 /// checked that the target is `/status` and the patch is a merge or apply.

@@ -3,6 +3,7 @@
 //! plain value the webhook and planner read; the sources that fill it (a
 //! static file, kube reflectors) live at the edge.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
@@ -119,43 +120,30 @@ impl Snapshot {
     }
 
     fn compute_products(&self) -> Vec<ProductCount> {
-        let mut by: BTreeMap<(String, u64), ProductCount> = BTreeMap::new();
+        // Every GPU of the cluster passes here once per snapshot: names are
+        // borrowed, and each distinct one is looked up in the catalog once.
+        let mut tally = Tally::default();
         for node in self.nodes.iter() {
             let Some(status) = &node.status else { continue };
-            let mut per_node: BTreeMap<(String, u64), u64> = BTreeMap::new();
+            let mut per_node: BTreeMap<(Cow<'_, str>, u64), u64> = BTreeMap::new();
             for gpu in &status.gpus {
-                let devices: Vec<(String, u64)> = if gpu.mig_devices.is_empty() {
-                    vec![(gpu.product.clone(), gpu.total_bytes)]
+                if gpu.mig_devices.is_empty() {
+                    let product = Cow::Borrowed(gpu.product.as_str());
+                    tally.count(product, gpu.total_bytes, &mut per_node);
                 } else {
-                    gpu.mig_devices
-                        .iter()
-                        .map(|m| (format!("{} MIG {}", gpu.product, m.profile), m.total_bytes))
-                        .collect()
-                };
-                for (product, total) in devices {
-                    let catalog = catalog_product(&product);
-                    let usable = match catalog {
-                        Some(c) if c.mig => total,
-                        _ => total.saturating_sub(gpus::DRIVER_RESERVE_BYTES),
-                    };
-                    let key = (product.clone(), usable);
-                    *per_node.entry(key.clone()).or_default() += 1;
-                    let e = by.entry(key).or_insert(ProductCount {
-                        catalog,
-                        product,
-                        usable_bytes: usable,
-                        gpus: 0,
-                        max_per_node: 0,
-                    });
-                    e.gpus += 1;
+                    for m in &gpu.mig_devices {
+                        let product = Cow::Owned(format!("{} MIG {}", gpu.product, m.profile));
+                        tally.count(product, m.total_bytes, &mut per_node);
+                    }
                 }
             }
             for (key, n) in per_node {
-                if let Some(e) = by.get_mut(&key) {
+                if let Some(e) = tally.by.get_mut(&key) {
                     e.max_per_node = e.max_per_node.max(n);
                 }
             }
         }
+        let by = tally.by;
         let mut out: Vec<ProductCount> = by.into_values().collect();
         out.sort_by(|a, b| {
             b.usable_bytes
@@ -163,6 +151,50 @@ impl Snapshot {
                 .then(a.product.cmp(&b.product))
         });
         out
+    }
+}
+
+/// GPUs counted by (product, usable bytes), and the catalog entry of each
+/// product name met so far.
+#[derive(Default)]
+struct Tally<'a> {
+    by: BTreeMap<(Cow<'a, str>, u64), ProductCount>,
+    known: Vec<(Cow<'a, str>, Option<&'static GpuProduct>)>,
+}
+
+impl<'a> Tally<'a> {
+    /// One device of `product` with `total` bytes, counted in `per_node` too.
+    fn count(
+        &mut self,
+        product: Cow<'a, str>,
+        total: u64,
+        per_node: &mut BTreeMap<(Cow<'a, str>, u64), u64>,
+    ) {
+        let catalog = match self.known.iter().find(|(p, _)| *p == product) {
+            Some((_, c)) => *c,
+            None => {
+                let c = catalog_product(&product);
+                self.known.push((product.clone(), c));
+                c
+            }
+        };
+        let usable = match catalog {
+            Some(c) if c.mig => total,
+            _ => total.saturating_sub(gpus::DRIVER_RESERVE_BYTES),
+        };
+        let key = (product, usable);
+        *per_node.entry(key.clone()).or_default() += 1;
+        let e = self
+            .by
+            .entry(key)
+            .or_insert_with_key(|(product, _)| ProductCount {
+                catalog,
+                product: product.to_string(),
+                usable_bytes: usable,
+                gpus: 0,
+                max_per_node: 0,
+            });
+        e.gpus += 1;
     }
 }
 
@@ -333,6 +365,74 @@ mod tests {
         assert_eq!(p[0].gpus, 8);
         assert_eq!(p[0].max_per_node, 8);
         assert_eq!(p[0].catalog.map(|c| c.name), Some("a100-40gb"));
+    }
+
+    #[test]
+    fn products_count_gpus_and_mig_devices_per_product_and_node() {
+        use crate::api::{GpuNodeSpec, GpuNodeStatus, GpuStatus, MigDevice};
+        let gpu = |product: &str, gib: u64, migs: &[&str]| GpuStatus {
+            product: product.into(),
+            total_bytes: gib << 30,
+            mig_devices: migs
+                .iter()
+                .map(|m| MigDevice {
+                    profile: m.to_string(),
+                    total_bytes: 10 << 30,
+                    ..MigDevice::default()
+                })
+                .collect(),
+            ..GpuStatus::default()
+        };
+        let node = |name: &str, gpus: Vec<GpuStatus>| {
+            let mut n = GpuNode::new(
+                name,
+                GpuNodeSpec {
+                    node_name: name.into(),
+                    ttl_seconds: 120,
+                    taints: vec![],
+                },
+            );
+            n.status = Some(GpuNodeStatus {
+                gpu_count: gpus.len() as u32,
+                gpus,
+                ..GpuNodeStatus::default()
+            });
+            n
+        };
+        let (h100, a100) = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB");
+        let snap = Snapshot::new(
+            vec![
+                node(
+                    "a",
+                    vec![gpu(h100, 80, &[]), gpu(h100, 80, &[]), gpu(a100, 40, &[])],
+                ),
+                node("b", vec![gpu(a100, 40, &[]); 3]),
+                node("c", vec![gpu(a100, 40, &["1g.10gb", "1g.10gb"])]),
+            ],
+            None,
+            true,
+            None,
+        );
+        let seen: Vec<(&str, u64, u64, Option<&str>)> = snap
+            .products()
+            .iter()
+            .map(|p| {
+                let name = p.catalog.map(|c| c.name);
+                (p.product.as_str(), p.gpus, p.max_per_node, name)
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (h100, 2, 2, Some("h100-80gb")),
+                (a100, 4, 3, Some("a100-40gb")),
+                ("NVIDIA A100-SXM4-40GB MIG 1g.10gb", 2, 2, seen[2].3),
+            ]
+        );
+        assert!(
+            snap.products()[1].usable_bytes < 40 << 30,
+            "less the driver's reserve"
+        );
     }
 
     #[test]

@@ -273,13 +273,15 @@ async fn read_and_step(
             });
             let snapshot = (!held).then(|| ctx.inventory.snapshot());
             let step = {
-                let reservations = snapshot.as_ref().map(|s| ledger.reservations(&s.nodes));
-                let cluster = snapshot.as_ref().zip(reservations.as_deref()).map(
-                    |(snapshot, reservations)| Cluster {
-                        snapshot,
-                        reservations,
-                    },
-                );
+                let reservations = snapshot.as_ref().map(|s| ledger.reservations_in(s));
+                let cluster =
+                    snapshot
+                        .as_ref()
+                        .zip(reservations)
+                        .map(|(snapshot, reservations)| Cluster {
+                            snapshot,
+                            reservations,
+                        });
                 let seen = Observed {
                     held,
                     cluster,

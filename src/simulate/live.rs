@@ -16,7 +16,8 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::Prepared;
-use super::cluster::{Clock, Cluster, World};
+use super::cluster::{Cluster, World};
+use super::nodes::Clock;
 use super::record::{AdmissionRecord, Records, Sample, clock};
 use super::scenario::{Fault, Scenario};
 use crate::api::{Phase, TrainingJob};

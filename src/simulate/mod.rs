@@ -17,6 +17,7 @@
 pub mod baseline;
 mod cluster;
 mod live;
+mod nodes;
 pub mod record;
 pub mod report;
 pub mod scenario;

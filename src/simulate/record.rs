@@ -68,6 +68,8 @@ pub struct JobRecord {
     pub ended_at: Option<f64>,
     /// Job names the kubelet started for it, with their start times.
     pub started: Vec<(String, f64)>,
+    /// Its attempts' places in [`Records::runs`].
+    pub runs: Vec<usize>,
 }
 
 /// The webhook's answer to one submission.
@@ -160,18 +162,30 @@ impl Records {
         self.timeline.push((at, text));
     }
 
-    pub fn note_run_start(&mut self, tj: &str, job: &str, at: f64) {
+    /// Record an attempt the kubelet starts; its place in [`Records::runs`].
+    pub fn start_run(&mut self, run: RunRecord) -> usize {
+        let (tj, job, at) = (run.tj.clone(), run.job.clone(), run.start);
+        self.runs.push(run);
+        let at_index = self.runs.len() - 1;
+        self.note_run_start(&tj, &job, at, at_index);
+        at_index
+    }
+
+    fn note_run_start(&mut self, tj: &str, job: &str, at: f64, run: usize) {
         let r = self.jobs.entry(tj.to_string()).or_default();
+        r.runs.push(run);
         if let Some((other, _)) = r.started.iter().find(|(j, _)| j == job) {
             let detail = format!("{tj}: Job {other} started twice");
             self.violate(invariants::NO_JOB_LOST_OR_DUPLICATED, detail);
             return;
         }
         r.started.push((job.to_string(), at));
-        let overlapping = self
+        // Its own attempts only: not every run of the day.
+        let overlapping = r
             .runs
             .iter()
-            .filter(|x| x.tj == tj && x.outcome == Outcome::Running && x.job != job)
+            .filter_map(|&i| self.runs.get(i))
+            .filter(|x| x.outcome == Outcome::Running && x.job != job)
             .map(|x| x.job.clone())
             .collect::<Vec<_>>();
         if !overlapping.is_empty() {

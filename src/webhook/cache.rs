@@ -6,14 +6,18 @@
 //! An entry is only ever answered for the very snapshot it was judged
 //! against: same generation (every snapshot built from a changed inventory
 //! gets a new one, so a new GpuNode or MemoryProfile is a new generation),
-//! same node list and learnt profiles (held here, so their addresses cannot
-//! be reused), and the same second (node staleness is judged to the second).
+//! same node list and learnt profiles (held here by weak references, so their
+//! addresses cannot be reused while the cache remembers them, yet the
+//! reflectors may still update the node list in place rather than copy every
+//! node while the cache looks at it), and the same second (node staleness is
+//! judged to the second).
 //! Anything else empties the cache first. It holds at most `capacity`
 //! entries and starts over when full.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
+use crate::api::GpuNode;
 use crate::inventory::Snapshot;
 
 /// Entries a webhook keeps by default (a few KiB each).
@@ -27,24 +31,39 @@ pub struct Cache<V> {
 
 struct Inner<V> {
     /// The snapshot every entry was computed against.
-    snapshot: Option<Snapshot>,
+    snapshot: Option<Seen>,
     second: i64,
     entries: HashMap<Vec<u8>, Arc<V>>,
 }
 
-fn same_inventory(a: &Snapshot, b: &Snapshot) -> bool {
-    a.generation() == b.generation()
-        && Arc::ptr_eq(&a.nodes, &b.nodes)
-        && Arc::ptr_eq(&a.profiles, &b.profiles)
+/// What identifies a snapshot: its generation and, weakly held, its node
+/// list and profiles. A strong hold would keep the reflectors' node list
+/// shared, so that the next change to one GpuNode copied all of them.
+struct Seen {
+    generation: u64,
+    nodes: Weak<Vec<GpuNode>>,
+    profiles: Weak<HashMap<String, f64>>,
+}
+
+impl Seen {
+    fn of(s: &Snapshot) -> Seen {
+        Seen {
+            generation: s.generation(),
+            nodes: Arc::downgrade(&s.nodes),
+            profiles: Arc::downgrade(&s.profiles),
+        }
+    }
+
+    fn is(&self, s: &Snapshot) -> bool {
+        self.generation == s.generation()
+            && std::ptr::eq(self.nodes.as_ptr(), Arc::as_ptr(&s.nodes))
+            && std::ptr::eq(self.profiles.as_ptr(), Arc::as_ptr(&s.profiles))
+    }
 }
 
 impl<V> Inner<V> {
     fn holds(&self, snapshot: &Snapshot, second: i64) -> bool {
-        self.second == second
-            && self
-                .snapshot
-                .as_ref()
-                .is_some_and(|s| same_inventory(s, snapshot))
+        self.second == second && self.snapshot.as_ref().is_some_and(|s| s.is(snapshot))
     }
 }
 
@@ -93,7 +112,7 @@ impl<V> Cache<V> {
         let mut inner = self.lock();
         if !inner.holds(snapshot, second) {
             inner.entries.clear();
-            inner.snapshot = Some(snapshot.clone());
+            inner.snapshot = Some(Seen::of(snapshot));
             inner.second = second;
             return None;
         }
@@ -147,6 +166,22 @@ mod tests {
         let mut c = b.clone();
         c.profiles = Arc::new([("p".to_string(), 2.0)].into());
         assert!(!count(&cache, &c, 2, b"x"), "other profiles");
+    }
+
+    #[test]
+    fn keeps_the_node_list_unshared() {
+        let cache = Cache::new(8);
+        let a = Snapshot::new(Vec::new(), None, true, None);
+        assert!(!count(&cache, &a, 1, b"x"));
+        assert_eq!(
+            Arc::strong_count(&a.nodes),
+            1,
+            "the reflectors may update the list in place"
+        );
+        assert!(count(&cache, &a, 1, b"x"));
+        let mut other_nodes = a.clone();
+        other_nodes.nodes = Arc::new(Vec::new());
+        assert!(!count(&cache, &other_nodes, 1, b"x"), "another node list");
     }
 
     #[test]
