@@ -50,6 +50,31 @@ pub(super) fn not_found(res: &Res, name: &str) -> Response {
     )
 }
 
+/// A write made against a resourceVersion that is no longer the stored one.
+pub(super) fn conflict(res: &Res, name: &str) -> Response {
+    status_response(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            res.qualified()
+        ),
+        Some(res),
+        name,
+    )
+}
+
+/// A write whose object validation refuses.
+pub(super) fn invalid(res: &Res, name: &str, message: String) -> Response {
+    status_response(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        message,
+        Some(res),
+        name,
+    )
+}
+
 pub(super) fn bad_request(message: String) -> Response {
     status_response(StatusCode::BAD_REQUEST, "BadRequest", message, None, "")
 }

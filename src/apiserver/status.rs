@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::http::{Target, json_response, not_found, status_response, stored_response};
+use super::http::{Target, conflict, invalid, json_response, not_found, stored_response};
 use super::meta::metadata_problems;
 use super::patch::merged;
 use super::store::{Inner, Stored};
@@ -38,16 +38,7 @@ pub(super) fn write_status(
     if let Some(want) = wanted_rv
         && old["metadata"]["resourceVersion"].as_str() != Some(want)
     {
-        return status_response(
-            StatusCode::CONFLICT,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                t.res.qualified()
-            ),
-            Some(&t.res),
-            &name,
-        );
+        return conflict(&t.res, &name);
     }
     // The patch's metadata is validated as a write to the object would be,
     // then dropped: a status write keeps the stored metadata.
@@ -59,13 +50,7 @@ pub(super) fn write_status(
             .or_else(|| Some(json!({}))),
     };
     if let Some(problem) = metadata_problems(metadata.as_ref().unwrap_or(&old["metadata"])) {
-        return status_response(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            problem,
-            Some(&t.res),
-            &name,
-        );
+        return invalid(&t.res, &name, problem);
     }
     let kind = match patch.get("kind") {
         None => old["kind"].as_str(),

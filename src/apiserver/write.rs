@@ -8,7 +8,8 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    Target, bad_request, json_response, not_found, status_response, stored_response,
+    Target, bad_request, conflict, invalid, json_response, not_found, status_response,
+    stored_response,
 };
 use super::meta::{keep_server_metadata, metadata_problems};
 use super::patch::{self, json_patch};
@@ -26,12 +27,10 @@ pub(super) fn create(shared: &Shared, t: &Target, mut body: Value, dry_run: bool
         body["metadata"] = json!({});
     }
     if let Some(problem) = metadata_problems(&body["metadata"]) {
-        return status_response(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            problem,
-            Some(&t.res),
+        return invalid(
+            &t.res,
             body["metadata"]["name"].as_str().unwrap_or_default(),
+            problem,
         );
     }
     let mut inner = shared.lock();
@@ -45,12 +44,10 @@ pub(super) fn create(shared: &Shared, t: &Target, mut body: Value, dry_run: bool
                 body["metadata"]["name"] = json!(name);
             }
             None => {
-                return status_response(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "Invalid",
-                    "metadata.name: Required value: name or generateName is required".into(),
-                    Some(&t.res),
+                return invalid(
+                    &t.res,
                     "",
+                    "metadata.name: Required value: name or generateName is required".into(),
                 );
             }
         }
@@ -135,28 +132,13 @@ pub(super) fn write(shared: &Shared, t: &Target, w: Write, dry_run: bool) -> Res
     if let (Some(want), Some(old)) = (&wanted_rv, &old)
         && old["metadata"]["resourceVersion"].as_str() != Some(want.as_str())
     {
-        return status_response(
-            StatusCode::CONFLICT,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                t.res.qualified()
-            ),
-            Some(&t.res),
-            &name,
-        );
+        return conflict(&t.res, &name);
     }
     if !new["metadata"].is_object() {
         new["metadata"] = json!({});
     }
     if let Some(problem) = metadata_problems(&new["metadata"]) {
-        return status_response(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            problem,
-            Some(&t.res),
-            &name,
-        );
+        return invalid(&t.res, &name, problem);
     }
     new["metadata"]["name"] = json!(name);
     if let Some(ns) = &t.ns {
