@@ -41,9 +41,9 @@
 use std::collections::BTreeSet;
 
 const MIN_BLOCK: u64 = 512;
-const SMALL_SIZE: u64 = 1 << 20;
+pub(super) const SMALL_SIZE: u64 = 1 << 20;
 const SMALL_BUFFER: u64 = 2 << 20;
-const LARGE_BUFFER: u64 = 20 << 20;
+pub(super) const LARGE_BUFFER: u64 = 20 << 20;
 const MIN_LARGE_ALLOC: u64 = 10 << 20;
 const ROUND_LARGE: u64 = 2 << 20;
 const NONE: u32 = u32::MAX;

@@ -26,22 +26,13 @@
 
 use std::collections::BTreeMap;
 
-use super::caching::Churn;
+use super::caching::{Churn, LARGE_BUFFER, SMALL_SIZE, allocation_size, round_size};
 use super::step::StepModel;
 use super::{Component, PhaseBytes, StepPhase};
 use crate::api::{
     Framework, FsdpVersion, Offload, Precision, ResolvedModel, Strategy, TrainingMode, ValidatedJob,
 };
 
-const MIB: f64 = 1024.0 * 1024.0;
-/// The caching allocator's size classes (`CUDACachingAllocator.cpp`):
-/// requests up to 1 MiB go to the small pool, those under 10 MiB share
-/// 20 MiB segments, larger ones get a segment of their own rounded up to
-/// 2 MiB; a split block's rest above 1 MiB stays a free large block.
-const SMALL: f64 = MIB;
-const MIN_LARGE_ALLOC: f64 = 10.0 * MIB;
-const LARGE_BUFFER: f64 = 20.0 * MIB;
-const ROUND_LARGE: f64 = 2.0 * MIB;
 /// At most this many tensors of one class are placed one by one; a class of
 /// more is placed in proportion (its tensors are all the same size).
 const MAX_PLACED: f64 = 100_000.0;
@@ -145,7 +136,7 @@ fn state_tensors(job: &ValidatedJob, bytes: f64) -> Option<Vec<(f64, f64)>> {
 /// count)`: every block's saved tensors (or, checkpointed, its input and one
 /// block's recomputed tensors), the temporaries, the loss's logits planes,
 /// a gathered block, in the allocator's size classes.
-fn cached_blocks(c: &Churn) -> Vec<(f64, f64)> {
+fn cached_blocks(c: &Churn) -> Vec<(u64, u64)> {
     let r = c.width_ratio.max(0.0);
     let blocks = c.blocks.ceil().max(1.0);
     let per_block = if c.recompute > 0.0 {
@@ -168,83 +159,82 @@ fn cached_blocks(c: &Churn) -> Vec<(f64, f64)> {
         (c.weight_forward, 1.0),
         (c.weight_backward, 1.0),
     ]);
+    // Each tensor's segment by the allocator's own rule; requests under
+    // 10 MiB share 20 MiB segments, which are whole free blocks once every
+    // tensor in them is freed.
     let mut out = Vec::new();
-    let mut shared = 0.0;
+    let mut shared = 0;
     for (size, count) in tensors {
-        if !(size > SMALL && size.is_finite() && count > 0.0) {
+        if !(size.is_finite() && count > 0.0) {
             continue;
         }
-        if size < MIN_LARGE_ALLOC {
-            shared += size * count;
-        } else {
-            out.push(((size / ROUND_LARGE).ceil() * ROUND_LARGE, count));
+        let request = round_size(size.max(0.0) as u64);
+        match allocation_size(request) {
+            _ if request <= SMALL_SIZE => {}
+            LARGE_BUFFER => shared += request * count as u64,
+            segment => out.push((segment, count as u64)),
         }
     }
-    if shared > 0.0 {
-        out.push((LARGE_BUFFER, (shared / LARGE_BUFFER).ceil()));
+    if shared > 0 {
+        out.push((LARGE_BUFFER, shared.div_ceil(LARGE_BUFFER)));
     }
     out
 }
 
 /// Bytes of `tensors` that no block of `blocks` can take, placed largest
-/// first, each in the smallest free block that fits (its rest above 1 MiB
-/// stays free). Tensors of the small pool never use a large block.
-fn unserved(blocks: Vec<(f64, f64)>, tensors: &[(f64, f64)]) -> f64 {
+/// first, each in the smallest free block at least its rounded size (the
+/// rest of the block, above 1 MiB, stays free). Tensors of the small pool
+/// never use a large block.
+fn unserved(blocks: Vec<(u64, u64)>, tensors: &[(f64, f64)]) -> f64 {
     let mut free: BTreeMap<u64, u64> = BTreeMap::new();
     for (size, count) in blocks {
-        *free.entry(size as u64).or_default() += count.min(MAX_PLACED) as u64;
+        *free.entry(size).or_default() += count.min(MAX_PLACED as u64);
     }
     let mut order: Vec<(f64, f64)> = tensors.to_vec();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut out = 0.0;
     for (one, total) in order {
-        if one <= SMALL || one <= 0.0 {
+        let request = round_size(one.max(0.0) as u64);
+        if request <= SMALL_SIZE {
             out += total;
             continue;
         }
-        let size = if one < MIN_LARGE_ALLOC {
-            one
-        } else {
-            (one / ROUND_LARGE).ceil() * ROUND_LARGE
-        };
-        let n = (total / one).ceil();
-        let placed_n = n.min(MAX_PLACED);
-        let mut missed = 0.0;
-        for _ in 0..placed_n as u64 {
-            let Some((&block, _)) = free.range(size as u64..).next() else {
-                missed += 1.0;
-                continue;
-            };
-            take(&mut free, block);
-            let rest = block as f64 - size;
-            if rest > SMALL {
-                *free.entry(rest as u64).or_default() += 1;
-            }
-        }
-        out += total * missed / placed_n.max(1.0);
+        let n = (total / one).ceil().min(MAX_PLACED) as u64;
+        // Once one finds no block, none of the same size does.
+        let placed = (0..n).take_while(|_| take(&mut free, request)).count() as u64;
+        out += total * (n - placed) as f64 / n.max(1) as f64;
     }
     out
 }
 
-fn take(free: &mut BTreeMap<u64, u64>, block: u64) {
-    if let Some(n) = free.get_mut(&block) {
-        *n -= 1;
-        if *n == 0 {
-            free.remove(&block);
-        }
+/// Take the smallest free block of at least `request` bytes, keeping its
+/// rest above 1 MiB free; false when there is none.
+fn take(free: &mut BTreeMap<u64, u64>, request: u64) -> bool {
+    let Some((&block, n)) = free.range_mut(request..).next() else {
+        return false;
+    };
+    *n -= 1;
+    if *n == 0 {
+        free.remove(&block);
     }
+    if block - request > SMALL_SIZE {
+        *free.entry(block - request).or_default() += 1;
+    }
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const MIB: f64 = 1024.0 * 1024.0;
+
     #[test]
     fn a_tensor_larger_than_every_cached_block_is_unserved() {
         let gib = 1024.0 * MIB;
         // Two 300 MiB blocks: one 1 GiB tensor finds none, two of 256 MiB
         // find one each.
-        let blocks = vec![(300.0 * MIB, 2.0)];
+        let blocks = vec![(300 << 20, 2)];
         assert_eq!(unserved(blocks.clone(), &[(gib, gib)]), gib);
         assert_eq!(unserved(blocks.clone(), &[(256.0 * MIB, 512.0 * MIB)]), 0.0);
         // Three of 256 MiB: the third finds only 44 MiB rests.
@@ -252,7 +242,7 @@ mod tests {
         // A split block's rest serves a smaller tensor.
         assert_eq!(
             unserved(
-                vec![(300.0 * MIB, 1.0)],
+                vec![(300 << 20, 1)],
                 &[(200.0 * MIB, 200.0 * MIB), (80.0 * MIB, 80.0 * MIB)]
             ),
             0.0
@@ -268,6 +258,6 @@ mod tests {
             ..Churn::default()
         };
         // 18 tensors of 4 MiB: 72 MiB in four 20 MiB segments.
-        assert_eq!(cached_blocks(&c), vec![(LARGE_BUFFER, 4.0)]);
+        assert_eq!(cached_blocks(&c), vec![(LARGE_BUFFER, 4)]);
     }
 }
