@@ -178,20 +178,10 @@ impl Ledger {
         for n in nodes {
             let Some(status) = &n.status else { continue };
             let node = n.spec.node_name.as_str();
-            if !self.index.contains_key(node) {
-                continue;
-            }
-            for g in &status.gpus {
-                let Some((pod, used)) = busy(g) else { continue };
-                let Some(held) = self.hold_of(pod, node, g.index) else {
-                    continue;
-                };
-                let index = adjusted.get_or_insert_with(|| self.index.clone());
-                if let Some(list) = index.get_mut(node)
-                    && let Some(r) = list.iter_mut().find(|r| *r == held)
-                {
-                    r.bytes = r.bytes.saturating_sub(used);
-                }
+            if let Some(list) = self.adjusted_on(node, &status.gpus) {
+                adjusted
+                    .get_or_insert_with(|| self.index.clone())
+                    .insert(node.to_string(), list);
             }
         }
         match adjusted {
