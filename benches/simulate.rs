@@ -38,7 +38,8 @@
 //! every invariant holding; with a snapshot's products counted without a
 //! copy per GPU and a run's overlap check reading only its own job's
 //! attempts, 47.5 s of CPU (119 s of wall beside a release build), 752 MiB.
-//! The bench runs on one thread: on a quiet machine that is under the minute.
+//! The bench runs on one thread; its wall time under a minute is not shown
+//! yet on a machine without other builds.
 
 use std::time::Instant;
 

@@ -257,23 +257,20 @@ fn calibration_rows_are_reproduced() {
     // The range: measured inside [lower, upper] on every row with a
     // measurement (low-confidence rows included), and how far above the
     // measurement the upper end sits.
-    let coverage = |rows: &[&Row]| {
+    // Printed as `label: measured inside [lower, upper] on i/n (p%), ...`.
+    let coverage = |label: &str, rows: &[&Row]| {
         let inside = rows.iter().filter(|r| r.inside).count();
         let over = median(rows.iter().map(|r| r.upper_over).collect());
+        println!(
+            "{label}: measured inside [lower, upper] on {inside}/{} ({:.1}%), median upper {:+.1}% over measured",
+            rows.len(),
+            inside as f64 / rows.len().max(1) as f64 * 100.0,
+            over * 100.0
+        );
         (inside, rows.len(), over)
     };
-    let (all_inside, all_n, all_over) = coverage(&all);
-    println!(
-        "range, all rows: measured inside [lower, upper] on {all_inside}/{all_n} ({:.1}%), median upper {:+.1}% over measured",
-        all_inside as f64 / all_n.max(1) as f64 * 100.0,
-        all_over * 100.0
-    );
-    let (inside, n, over) = coverage(&asserted);
-    println!(
-        "range, asserted rows: measured inside [lower, upper] on {inside}/{n} ({:.1}%), median upper {:+.1}% over measured",
-        inside as f64 / n.max(1) as f64 * 100.0,
-        over * 100.0
-    );
+    coverage("range, all rows", &all);
+    let (inside, n, over) = coverage("range, asserted rows", &asserted);
     for r in all.iter().filter(|r| !r.inside) {
         println!(
             "  outside the range: {} ({:+.1}%) [{}]",
@@ -300,19 +297,10 @@ fn calibration_rows_are_reproduced() {
         let rows: Vec<&Row> = rows.iter().collect();
         for (k, sel) in group_by(&rows, |r| r.kind.clone()) {
             print(&format!("  ground truth {k}"), &figures(&sel));
-            let (inside, n, over) = coverage(&sel);
-            println!(
-                "  ground truth {k} range: measured inside [lower, upper] on {inside}/{n}, median upper {:+.1}% over measured",
-                over * 100.0
-            );
+            coverage(&format!("  ground truth {k} range"), &sel);
         }
         println!("ground truth OOM rows caught: {caught}/{total}");
-        let (inside, n, over) = coverage(&rows);
-        println!(
-            "ground truth range: measured inside [lower, upper] on {inside}/{n} ({:.1}%), median upper {:+.1}% over measured",
-            inside as f64 / n.max(1) as f64 * 100.0,
-            over * 100.0
-        );
+        let (inside, n, over) = coverage("ground truth range", &rows);
         for r in rows.iter().filter(|r| !r.inside) {
             println!(
                 "  ground truth outside the range: {} ({:+.1}%)",
