@@ -38,8 +38,10 @@
 //! every invariant holding; with a snapshot's products counted without a
 //! copy per GPU and a run's overlap check reading only its own job's
 //! attempts, 47.5 s of CPU (119 s of wall beside a release build), 752 MiB.
-//! The bench runs on one thread; its wall time under a minute is not shown
-//! yet on a machine without other builds.
+//! The bench runs on one thread. On the 2-core machine with nothing else
+//! running: 32.6 s of wall time (30.9 s with vramguard, 1.7 s for the
+//! baseline), 33.8 s of CPU and 752 MiB peak for the whole `cargo bench`,
+//! every invariant holding, 0 OOMs against 2 020 with no guard.
 
 use std::time::Instant;
 
