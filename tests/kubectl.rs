@@ -22,10 +22,13 @@ struct Out {
 
 /// Run the plugin with `args` against `server` (a kubeconfig in a temp file).
 async fn plugin(server: &ApiServer, args: &[&str]) -> Out {
+    // One directory per call: tests run at once and may ask the same thing of
+    // different servers.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!(
-        "vramguard-kubectl-test-{}-{}",
-        std::process::id(),
-        args.join("-").replace('/', "_")
+        "vramguard-kubectl-test-{}-{call}",
+        std::process::id()
     ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
@@ -252,4 +255,78 @@ async fn estimate_runs_offline_without_a_cluster() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["model"], "gpt2");
     assert_eq!(v["fits"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_answers_are_coloured_only_when_asked() {
+    const ESC: &str = "\x1b[";
+    let server = ApiServer::start().await;
+    server.put(&waiting_job());
+    let mut sick = gpu_node("node-a", 2, 70);
+    if let Some(s) = sick.status.as_mut() {
+        s.gpus[1].healthy = false;
+        s.gpus[1].health_message = Some("XID 79".into());
+    }
+    server.put(&sick);
+
+    // A pipe (the test's) gets no escape codes, with or without NO_COLOR.
+    for args in [
+        &["explain", "trainingjob", "llama-lora"][..],
+        &["why", "llama-lora"],
+        &["nodes"],
+    ] {
+        let run = plugin(&server, args).await;
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(!run.stdout.contains(ESC), "{args:?}:\n{}", run.stdout);
+        let never = plugin(&server, &[args, &["--color", "never"]].concat()).await;
+        assert_eq!(never.stdout, run.stdout, "{args:?}");
+    }
+
+    // Asked for: a waiting job's phase in yellow, a sick GPU in red, a healthy one in green,
+    // and the text around the codes unchanged.
+    let explain = plugin(
+        &server,
+        &["explain", "trainingjob", "llama-lora", "--color", "always"],
+    )
+    .await;
+    assert!(
+        explain.stdout.contains("\x1b[33mPending\x1b[0m"),
+        "{}",
+        explain.stdout
+    );
+    let why = plugin(&server, &["why", "llama-lora", "--color", "always"]).await;
+    assert!(
+        why.stdout.contains("\x1b[33mPending\x1b[0m"),
+        "{}",
+        why.stdout
+    );
+    let nodes = plugin(&server, &["nodes", "--color", "always"]).await;
+    assert!(
+        nodes.stdout.contains("\x1b[31munhealthy: XID 79\x1b[0m"),
+        "{}",
+        nodes.stdout
+    );
+    assert!(
+        nodes.stdout.contains("\x1b[32mok\x1b[0m"),
+        "{}",
+        nodes.stdout
+    );
+    let plain = plugin(&server, &["nodes"]).await;
+    let stripped = nodes
+        .stdout
+        .replace("\x1b[0m", "")
+        .replace("\x1b[1m", "")
+        .replace("\x1b[31m", "")
+        .replace("\x1b[32m", "")
+        .replace("\x1b[33m", "");
+    assert_eq!(stripped, plain.stdout);
+
+    // A wrong value names the flag and the valid ones.
+    let bad = plugin(&server, &["nodes", "--color", "sometimes"]).await;
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("--color") && bad.stderr.contains("always"),
+        "{}",
+        bad.stderr
+    );
 }

@@ -3,7 +3,9 @@
 //! the cluster through kube's client (the kubeconfig kubectl uses, or `--kubeconfig`):
 //! `explain trainingjob NAME` (the status's estimate as the CLI shows it, with the range,
 //! the phase, the plan and the placement), `why NAME` (its conditions and its Events), and
-//! `nodes` (per GPU: free memory and the largest free block, from the GpuNodes).
+//! `nodes` (per GPU: free memory and the largest free block, from the GpuNodes). Their
+//! answers are coloured on a terminal as `vramguard estimate`'s are (`--color`,
+//! `NO_COLOR`, `TERM=dumb`; never in a pipe).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,8 +20,9 @@ use kube::{Client, ResourceExt};
 
 use super::estimate::{EstimateArgs, run_estimate};
 use super::max::{self, MaxArgs};
+use super::paint::{ColorChoice, Paint};
 use super::{EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FITS, render};
-use crate::api::{GpuNode, TrainingJob};
+use crate::api::{GpuNode, Phase, TrainingJob};
 use crate::estimate::GIB;
 
 /// How long one call to the API server may take.
@@ -59,11 +62,40 @@ pub enum KubectlCommand {
         /// The kind: trainingjob (tj, trainingjobs).
         kind: String,
         name: String,
+        #[command(flatten)]
+        view: View,
     },
     /// Why a TrainingJob waits, was rejected or failed: its conditions and Events.
-    Why { name: String },
+    Why {
+        name: String,
+        #[command(flatten)]
+        view: View,
+    },
     /// Per node and GPU: free memory, the largest free block and the probe's age.
-    Nodes,
+    Nodes {
+        #[command(flatten)]
+        view: View,
+    },
+}
+
+/// How the cluster answers are shown.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct View {
+    /// Colour: auto (on a terminal, unless NO_COLOR is set or TERM is dumb), always, never.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+}
+
+impl KubectlCommand {
+    /// The colour of a cluster answer, decided for standard output.
+    fn paint(&self) -> Paint {
+        match self {
+            Self::Explain { view, .. } | Self::Why { view, .. } | Self::Nodes { view } => {
+                Paint::new(view.color.for_stdout())
+            }
+            Self::Estimate(_) | Self::Max(_) => Paint::new(ColorChoice::Never),
+        }
+    }
 }
 
 /// The plugin's entry point.
@@ -157,8 +189,9 @@ async fn ask(
     ns: &str,
     out: &mut Vec<u8>,
 ) -> anyhow::Result<u8> {
+    let paint = command.paint();
     match command {
-        KubectlCommand::Explain { kind, name } => {
+        KubectlCommand::Explain { kind, name, .. } => {
             if !matches!(
                 kind.to_ascii_lowercase().as_str(),
                 "trainingjob" | "trainingjobs" | "tj" | "trainingjob.vramguard.io"
@@ -168,19 +201,19 @@ async fn ask(
                 );
             }
             let tj = get_job(client, ns, name).await?;
-            explain(&tj, out)?;
+            explain(&tj, paint, out)?;
             Ok(EXIT_FITS)
         }
-        KubectlCommand::Why { name } => {
+        KubectlCommand::Why { name, .. } => {
             let tj = get_job(client, ns, name).await?;
             let events = events_of(client, ns, name).await?;
-            why(&tj, &events, out)?;
+            why(&tj, &events, paint, out)?;
             Ok(EXIT_FITS)
         }
-        KubectlCommand::Nodes => {
+        KubectlCommand::Nodes { .. } => {
             let api: Api<GpuNode> = Api::all(client.clone());
             let nodes = list_all(&api).await.context("listing GpuNodes")?;
-            nodes_table(&nodes, out)?;
+            nodes_table(&nodes, paint, out)?;
             Ok(if nodes.is_empty() {
                 EXIT_DOES_NOT_FIT
             } else {
@@ -239,18 +272,31 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / GIB)
 }
 
+/// A phase's name, green when the job runs or ran, red when it will not, yellow while it
+/// waits.
+fn phase_text(phase: Option<Phase>, missing: &str, paint: Paint) -> String {
+    match phase {
+        None => paint.note(missing),
+        Some(p) => {
+            let name = format!("{p:?}");
+            match p {
+                Phase::Admitted | Phase::Running | Phase::Succeeded => paint.good(&name),
+                Phase::Failed | Phase::Rejected => paint.bad(&name),
+                Phase::Pending => paint.note(&name),
+            }
+        }
+    }
+}
+
 /// `explain trainingjob NAME`.
-pub fn explain(tj: &TrainingJob, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn explain(tj: &TrainingJob, paint: Paint, out: &mut dyn Write) -> std::io::Result<()> {
     let ns = tj.namespace().unwrap_or_default();
     let status = tj.status.clone().unwrap_or_default();
-    let phase = status
-        .phase
-        .map(|p| format!("{p:?}"))
-        .unwrap_or_else(|| "(no phase yet)".to_string());
+    let phase = phase_text(status.phase, "(no phase yet)", paint);
     writeln!(
         out,
-        "{ns}/{}: {} · phase {phase}",
-        tj.name_any(),
+        "{}: {} · phase {phase}",
+        paint.bold(&format!("{ns}/{}", tj.name_any())),
         status
             .model
             .as_deref()
@@ -292,29 +338,32 @@ pub fn explain(tj: &TrainingJob, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(out, "  message: {m}")?;
     }
     if status.oom_retries > 0 {
-        writeln!(out, "  GPU OOM retries: {}", status.oom_retries)?;
+        let retries = format!("GPU OOM retries: {}", status.oom_retries);
+        writeln!(out, "  {}", paint.note(&retries))?;
     }
     Ok(())
 }
 
 /// `why NAME`.
-pub fn why(tj: &TrainingJob, events: &[Event], out: &mut dyn Write) -> std::io::Result<()> {
+pub fn why(
+    tj: &TrainingJob,
+    events: &[Event],
+    paint: Paint,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let status = tj.status.clone().unwrap_or_default();
-    let phase = status
-        .phase
-        .map(|p| format!("{p:?}"))
-        .unwrap_or_else(|| "(no phase yet: the operator has not seen it)".to_string());
-    writeln!(
-        out,
-        "{}/{}: {phase}",
-        tj.namespace().unwrap_or_default(),
-        tj.name_any()
-    )?;
+    let phase = phase_text(
+        status.phase,
+        "(no phase yet: the operator has not seen it)",
+        paint,
+    );
+    let name = format!("{}/{}", tj.namespace().unwrap_or_default(), tj.name_any());
+    writeln!(out, "{}: {phase}", paint.bold(&name))?;
     if let Some(m) = &status.message {
         writeln!(out, "  {m}")?;
     }
     if !status.conditions.is_empty() {
-        writeln!(out, "conditions:")?;
+        writeln!(out, "{}", paint.bold("conditions:"))?;
         for c in &status.conditions {
             writeln!(
                 out,
@@ -326,17 +375,22 @@ pub fn why(tj: &TrainingJob, events: &[Event], out: &mut dyn Write) -> std::io::
     if events.is_empty() {
         writeln!(out, "events: none")?;
     } else {
-        writeln!(out, "events:")?;
+        writeln!(out, "{}", paint.bold("events:"))?;
         for e in events {
             let at = e
                 .event_time
                 .as_ref()
                 .map(|t| t.0.to_string())
                 .unwrap_or_default();
+            let kind = e.type_.as_deref().unwrap_or("");
+            let kind = if kind == "Warning" {
+                paint.bad(kind)
+            } else {
+                kind.to_string()
+            };
             writeln!(
                 out,
-                "  {at} {} {}: {}",
-                e.type_.as_deref().unwrap_or(""),
+                "  {at} {kind} {}: {}",
                 e.reason.as_deref().unwrap_or(""),
                 e.note.as_deref().unwrap_or("")
             )?;
@@ -346,7 +400,7 @@ pub fn why(tj: &TrainingJob, events: &[Event], out: &mut dyn Write) -> std::io::
 }
 
 /// `nodes`.
-pub fn nodes_table(nodes: &[GpuNode], out: &mut dyn Write) -> std::io::Result<()> {
+pub fn nodes_table(nodes: &[GpuNode], paint: Paint, out: &mut dyn Write) -> std::io::Result<()> {
     if nodes.is_empty() {
         return writeln!(
             out,
@@ -354,11 +408,11 @@ pub fn nodes_table(nodes: &[GpuNode], out: &mut dyn Write) -> std::io::Result<()
         );
     }
     let now = k8s_openapi::jiff::Timestamp::now();
-    writeln!(
-        out,
+    let header = format!(
         "{:<24} {:>4}  {:<16} {:>10} {:>10} {:>14}  {:>9}  health",
         "NODE", "GPU", "PRODUCT", "TOTAL GiB", "FREE GiB", "LARGEST GiB", "PROBE AGE"
-    )?;
+    );
+    writeln!(out, "{}", paint.bold(&header))?;
     let mut sorted: Vec<&GpuNode> = nodes.iter().collect();
     sorted.sort_by_key(|n| n.name_any());
     for n in sorted {
@@ -366,24 +420,36 @@ pub fn nodes_table(nodes: &[GpuNode], out: &mut dyn Write) -> std::io::Result<()
             writeln!(out, "{:<24} (no probe yet)", n.name_any())?;
             continue;
         };
-        let age = s
-            .probe_time
-            .as_ref()
-            .map(|t| format!("{}s", (now.as_second() - t.0.as_second()).max(0)))
-            .unwrap_or_else(|| "-".to_string());
+        // Padded before painting, so the escape codes do not count toward the width.
+        let age = match s.probe_time.as_ref() {
+            Some(t) => {
+                let secs = (now.as_second() - t.0.as_second()).max(0);
+                let text = format!("{:>9}", format!("{secs}s"));
+                // Stale: the webhook and the operator no longer trust this node.
+                if secs.unsigned_abs() > n.spec.ttl_seconds {
+                    paint.note(&text)
+                } else {
+                    text
+                }
+            }
+            None => format!("{:>9}", "-"),
+        };
         for g in &s.gpus {
             let largest = g
                 .largest_free_block_bytes
                 .map(|b| format!("{:.1}", b as f64 / GIB))
                 .unwrap_or_else(|| "-".to_string());
             let health = if g.healthy {
-                "ok".to_string()
+                paint.good("ok")
             } else {
-                format!("unhealthy: {}", g.health_message.as_deref().unwrap_or(""))
+                paint.bad(&format!(
+                    "unhealthy: {}",
+                    g.health_message.as_deref().unwrap_or("")
+                ))
             };
             writeln!(
                 out,
-                "{:<24} {:>4}  {:<16} {:>10.1} {:>10.1} {:>14}  {:>9}  {health}",
+                "{:<24} {:>4}  {:<16} {:>10.1} {:>10.1} {:>14}  {}  {health}",
                 n.name_any(),
                 g.index,
                 g.product,
