@@ -14,6 +14,7 @@ mod activations;
 pub mod caching;
 mod first_step;
 mod step;
+mod zero3;
 
 use crate::api::{Breakdown, EstimateBounds, EstimateStatus, RangeSpread, ValidatedJob};
 use bounds::{End, Ends, Mechanism};

@@ -1,0 +1,227 @@
+//! DeepSpeed ZeRO-3's gathered parameters, phase by phase. Pure.
+//!
+//! DeepSpeed does not gather whole blocks as FSDP does: it gathers each
+//! module's own parameters before that module runs and releases them after
+//! it, keeping what the step's trace shows will be used again soon
+//! (deepspeedai/DeepSpeed `deepspeed/runtime/zero/partitioned_param_coordinator.py`
+//! at commit 00a31c9: `fetch_sub_module`, `release_sub_module`,
+//! `__params_to_release`; the defaults in `deepspeed/runtime/zero/config.py`):
+//!
+//! - a module's parameters are gathered in its forward (and backward)
+//!   pre-hook: `iter_params(module, recurse=z3_leaf_module(module))`, so a
+//!   block's attention and MLP projections are gathered one module at a time;
+//! - once the trace of a whole step is known, each fetch also prefetches the
+//!   next modules of the trace, up to `stage3_prefetch_bucket_size` elements
+//!   (default 5e7; a module is taken whole, so the bucket can be overshot by
+//!   one module), within `stage3_max_live_parameters` (1e9);
+//! - after a module runs, `__params_to_release` walks the trace from the next
+//!   step on, counting every module's elements, and keeps the parameters that
+//!   come again before `stage3_max_reuse_distance` elements (default 1e9) have
+//!   been walked. Forward's last modules come again at the start of backward,
+//!   after the modules that follow them twice (their forward, then their
+//!   backward): a module is kept from its forward to its backward when the
+//!   elements after it in forward are under half the distance. The LM head,
+//!   last in forward and first in backward, is always kept; a 7B model's last
+//!   blocks are kept with it, a 70B model's head alone is 1.05e9 elements;
+//! - before the trace is complete (the first step), nothing is prefetched
+//!   and every module is released after it runs;
+//! - parameters under `stage3_param_persistence_threshold` elements (1e5)
+//!   stay gathered for good: norms and biases, counted with the weights.
+//!
+//! The Hugging Face Trainer's DeepSpeed configs set the prefetch bucket to
+//! `auto`, which it fills in as 0.9 × hidden² (transformers
+//! `integrations/deepspeed.py`, `trainer_config_finalize`), and keep 1e9 for
+//! the reuse distance and the live parameters.
+
+/// DeepSpeed's default `stage3_max_reuse_distance` (elements).
+pub const REUSE_DISTANCE: f64 = 1e9;
+/// DeepSpeed's default `stage3_prefetch_bucket_size` (elements).
+pub const PREFETCH_BUCKET: f64 = 5e7;
+/// DeepSpeed's default `stage3_max_live_parameters` (elements): prefetching
+/// stops where the gathered elements would pass it.
+pub const MAX_LIVE: f64 = 1e9;
+
+/// The Hugging Face Trainer's `auto` prefetch bucket for a model of this
+/// hidden width: 0.9 × hidden².
+pub fn hf_auto_prefetch_bucket(hidden: f64) -> f64 {
+    0.9 * hidden * hidden
+}
+
+/// A transformer as ZeRO-3's trace sees it: the elements of each module
+/// whose parameters are gathered, in the order forward runs them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    /// The input embedding(s).
+    pub embedding: f64,
+    /// One block's modules in forward order (q, k, v, o, then the MLP's).
+    pub block: Vec<f64>,
+    /// Blocks of the stage.
+    pub blocks: f64,
+    /// The output head; a tied head is the embedding's matrix gathered
+    /// again, so it counts the embedding's elements.
+    pub head: f64,
+}
+
+/// Elements gathered at once in each part of the step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gathered {
+    /// From the loss through the head's backward into the last block's: the
+    /// modules kept for reuse, and what the next fetch prefetched.
+    pub turn: f64,
+    /// The last module of backward (the embedding) with nothing left to
+    /// prefetch.
+    pub backward_end: f64,
+}
+
+impl Trace {
+    /// The modules forward runs, last first: the head, then the blocks'
+    /// modules from the last block's last one down, then the embedding.
+    fn reversed(&self) -> impl Iterator<Item = f64> + '_ {
+        let blocks = self.blocks.max(0.0).round() as usize;
+        std::iter::once(self.head)
+            .chain((0..blocks).flat_map(move |_| self.block.iter().rev().copied()))
+            .chain(std::iter::once(self.embedding))
+    }
+
+    /// Elements kept gathered from forward into backward: the trailing
+    /// modules of forward whose elements after them, walked twice, stay
+    /// under `reuse_distance` (`__params_to_release`: the walk stops once it
+    /// has counted the distance, before the next module).
+    pub fn kept_for_backward(&self, reuse_distance: f64) -> f64 {
+        let mut after = 0.0;
+        let mut kept = 0.0;
+        for numel in self.reversed() {
+            if 2.0 * after >= reuse_distance {
+                break;
+            }
+            kept += numel;
+            after += numel;
+        }
+        kept
+    }
+
+    /// Elements the first fetch of backward prefetches: the modules after the
+    /// head in backward's order, whole, until `bucket` is reached, within
+    /// what `max_live` leaves beside the kept ones. Modules already kept are
+    /// not fetched again.
+    pub fn prefetched(&self, kept: f64, bucket: f64, max_live: f64) -> f64 {
+        let room = bucket.min((max_live - kept).max(0.0));
+        let mut walked = 0.0;
+        let mut fetched = 0.0;
+        for numel in self.reversed().skip(1) {
+            if fetched >= room {
+                break;
+            }
+            walked += numel;
+            // The kept modules are the first ones walked: they are there.
+            if walked + self.head > kept {
+                fetched += numel;
+            }
+        }
+        fetched
+    }
+
+    /// Gathered elements by part of the step, for a complete trace (every
+    /// step after the first) with these settings.
+    pub fn gathered(&self, reuse_distance: f64, bucket: f64, max_live: f64) -> Gathered {
+        let kept = self.kept_for_backward(reuse_distance);
+        let turn = kept + self.prefetched(kept, bucket, max_live);
+        Gathered {
+            turn,
+            backward_end: self.embedding,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama-3.1-8B: hidden 4096, 8 KV heads of 128, MLP 14336, vocabulary
+    /// 128256, 32 blocks, untied head.
+    fn llama_8b() -> Trace {
+        let h = 4096.0;
+        let kv = 1024.0;
+        let ff = 14336.0;
+        Trace {
+            embedding: 128256.0 * h,
+            block: vec![h * h, h * kv, h * kv, h * h, h * ff, h * ff, ff * h],
+            blocks: 32.0,
+            head: 128256.0 * h,
+        }
+    }
+
+    /// Llama-2-7B: hidden 4096, MLP 11008, vocabulary 32000, 32 blocks.
+    fn llama2_7b() -> Trace {
+        let h = 4096.0;
+        let ff = 11008.0;
+        Trace {
+            embedding: 32000.0 * h,
+            block: vec![h * h, h * h, h * h, h * h, h * ff, h * ff, ff * h],
+            blocks: 32.0,
+            head: 32000.0 * h,
+        }
+    }
+
+    #[test]
+    fn a_large_head_is_kept_alone() {
+        // 8B's head is 5.25e8 elements: the walk back to the last block's
+        // down projection passes it twice (1.05e9 ≥ 1e9), so only the head
+        // stays from forward into backward.
+        let t = llama_8b();
+        assert_eq!(t.kept_for_backward(REUSE_DISTANCE), t.head);
+    }
+
+    #[test]
+    fn a_small_head_keeps_the_last_blocks_with_it() {
+        // 7B's head is 1.31e8 elements: modules are kept until the elements
+        // after them pass 5e8, about two blocks' worth.
+        let t = llama2_7b();
+        let kept = t.kept_for_backward(REUSE_DISTANCE);
+        let block: f64 = t.block.iter().sum();
+        assert!(kept > t.head + block, "{kept}");
+        assert!(kept < t.head + 3.0 * block, "{kept}");
+        // The kept modules' elements after the last kept one are under half
+        // the distance; with one more they would not be.
+        assert!(kept - t.block[0] < REUSE_DISTANCE / 2.0 + block);
+    }
+
+    #[test]
+    fn a_shorter_reuse_distance_keeps_less() {
+        let t = llama2_7b();
+        assert!(t.kept_for_backward(1e8) < t.kept_for_backward(REUSE_DISTANCE));
+        // Zero: nothing is kept, not even the head.
+        assert_eq!(t.kept_for_backward(0.0), 0.0);
+    }
+
+    #[test]
+    fn the_prefetch_takes_whole_modules_up_to_the_bucket() {
+        let t = llama_8b();
+        let kept = t.kept_for_backward(REUSE_DISTANCE);
+        // The first module after the head in backward is the last block's
+        // down projection, 5.9e7 elements: one module already passes 5e7.
+        let pre = t.prefetched(kept, PREFETCH_BUCKET, MAX_LIVE);
+        assert_eq!(pre, 14336.0 * 4096.0);
+        // The HF Trainer's auto bucket, 0.9 × 4096² = 1.5e7: still one module.
+        let hf = t.prefetched(kept, hf_auto_prefetch_bucket(4096.0), MAX_LIVE);
+        assert_eq!(hf, pre);
+        // No room under max live parameters: nothing is prefetched.
+        assert_eq!(t.prefetched(kept, PREFETCH_BUCKET, kept), 0.0);
+    }
+
+    #[test]
+    fn kept_modules_are_not_prefetched_again() {
+        let t = llama2_7b();
+        let kept = t.kept_for_backward(REUSE_DISTANCE);
+        let pre = t.prefetched(kept, PREFETCH_BUCKET, MAX_LIVE);
+        // The kept ones end inside the second-to-last block (at its value
+        // projection); the prefetch takes its key and query projections and
+        // the block before's down projection, whole modules until the bucket
+        // is passed: 2 × 4096² + 11008 × 4096.
+        assert_eq!(pre, 2.0 * 4096.0 * 4096.0 + 11008.0 * 4096.0);
+        assert!(pre >= PREFETCH_BUCKET && pre < PREFETCH_BUCKET + 11008.0 * 4096.0);
+        let g = t.gathered(REUSE_DISTANCE, PREFETCH_BUCKET, MAX_LIVE);
+        assert_eq!(g.turn, kept + pre);
+        assert_eq!(g.backward_end, t.embedding);
+    }
+}
