@@ -295,7 +295,8 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
     );
     let (state, message, _) = decided(&client, &path).await;
     assert_eq!(state, "Rejected", "{message}");
-    assert!(message.contains("GiB"), "{message}");
+    assert!(message.contains(" GiB per GPU"), "{message}");
+    assert!(message.contains("vramguard.io/training"), "{message}");
     cluster::eventually(&format!("{path} deactivated"), 60, || async {
         let wl = get(&client, &path).await;
         wl["spec"]["active"] == false
