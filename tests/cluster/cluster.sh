@@ -261,8 +261,12 @@ extendedKeyUsage=serverAuth
 subjectAltName=IP:127.0.0.1,DNS:localhost"
     cp "$RUN/pki/kueue-webhook.crt" "$RUN/kueue/certs/tls.crt"
     cp "$RUN/pki/kueue-webhook.key" "$RUN/kueue/certs/tls.key"
-    mkdir -p /etc/kueue/metrics/certs
-    cp "$RUN/kueue/certs/tls.crt" "$RUN/kueue/certs/tls.key" /etc/kueue/metrics/certs/
+    # Fixed in Kueue's main.go when its internal certificate management is off.
+    local metrics_certs=/etc/kueue/metrics/certs
+    if ! { mkdir -p "$metrics_certs" && cp "$RUN/kueue/certs/tls.crt" "$RUN/kueue/certs/tls.key" "$metrics_certs/"; } 2>/dev/null; then
+        log "Kueue reads its metrics certificate from $metrics_certs (tls.crt, tls.key), which this user cannot write: run as root or make it writable"
+        exit 1
+    fi
     cert kueue "/O=system:masters/CN=kueue" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature
 extendedKeyUsage=clientAuth"
