@@ -3,7 +3,7 @@
 //! tests/data/kueue/) applied: the API server enforces their schemas and CEL
 //! rules on every write, the controller's status patches included. Kueue
 //! itself does not run: the test reserves quota as Kueue does, by writing the
-//! Workload's `status.admission`.
+//! Workload's `status.admission`. tests/e2e_kueue_real.rs runs Kueue itself.
 
 #[path = "support/cluster.rs"]
 mod cluster;
@@ -209,6 +209,25 @@ async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
     let Some(client) = cluster::connect(TEST).await else {
         return;
     };
+    // Kueue's own install (`cluster.sh kueue-up`, for tests/e2e_kueue_real.rs) converts its
+    // CRDs with its webhook; the copies applied here, without one, would replace them.
+    let installed = cluster::send(
+        &client,
+        Method::GET,
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workloads.kueue.x-k8s.io",
+        JSON,
+        &Value::Null,
+    )
+    .await;
+    if installed.body["spec"]["conversion"]["strategy"] == "Webhook" {
+        let _: Option<()> = cluster::absent(
+            TEST,
+            "Kueue itself is installed on this control plane (`cluster.sh kueue-up`); this \
+             test plays Kueue with its CRDs alone: run it before `kueue-up`, or after \
+             `tests/cluster/cluster.sh down && tests/cluster/cluster.sh up`",
+        );
+        return;
+    }
     cluster::namespace(&client, NS, json!({})).await;
     kueue_crds(&client).await;
     for (name, ctl) in [

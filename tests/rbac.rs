@@ -49,6 +49,12 @@ struct Access {
 /// The verbs the API server authorizes a request under. A server-side apply
 /// to a main resource may create the object, which also needs `create`.
 fn accesses(req: &Request) -> Vec<Access> {
+    // API discovery (the Kueue controller asks which versions of Kueue's group are served):
+    // non-resource URLs every authenticated user may GET (the default ClusterRole
+    // `system:discovery`); no rule of the chart's grants or needs them.
+    if req.method == Method::GET && matches!(req.path.as_str(), "/api" | "/apis") {
+        return Vec::new();
+    }
     let (group, rest) = if let Some(rest) = req.path.strip_prefix("/api/v1/") {
         (String::new(), rest)
     } else if let Some(rest) = req.path.strip_prefix("/apis/") {

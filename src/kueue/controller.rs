@@ -24,7 +24,7 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::{CONTROLLER_NAME, GROUP, VERSION};
+use super::{CONTROLLER_NAME, GROUP, VERSION, status_version};
 use crate::inventory::Source;
 
 /// How the controller behaves.
@@ -64,6 +64,28 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, kind), plural)
 }
 
+/// Workloads in the version their status is written in: [`super::status_version`] of the
+/// versions the API server's discovery lists for Kueue's group (v1beta1 when it cannot say).
+async fn workload_status_resource(client: &Client) -> ApiResource {
+    let version = match client.list_api_groups().await {
+        Ok(groups) => status_version(
+            groups
+                .groups
+                .iter()
+                .filter(|g| g.name == GROUP)
+                .flat_map(|g| g.versions.iter().map(|v| v.version.as_str())),
+        ),
+        Err(error) => {
+            tracing::debug!(%error, "kueue: API discovery; Workload status written as {VERSION}");
+            VERSION
+        }
+    };
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(GROUP, version, "Workload"),
+        "workloads",
+    )
+}
+
 /// `kueue.x-k8s.io/v1beta1` Workload.
 pub fn workloads() -> ApiResource {
     resource("Workload", "workloads")
@@ -81,6 +103,8 @@ struct Context {
     client: Client,
     inventory: Arc<dyn Source>,
     checks: Store<DynamicObject>,
+    /// Workloads in the version their status is written in.
+    status: ApiResource,
     config: Config,
 }
 
@@ -168,7 +192,7 @@ async fn reconcile(wl: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
     let verdicts: BTreeMap<String, super::Verdict> =
         pending.into_iter().map(|n| (n, verdict.clone())).collect();
     let patch = super::status_patch(&value, &verdicts, now, Some(ctx.config.retry_after));
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &workloads());
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ctx.status);
     api.patch_status(
         &wl.name_any(),
         &PatchParams::default(),
@@ -253,6 +277,7 @@ pub async fn run_controller(
         return Err(Error::Other("the AdmissionCheck watch ended".into()));
     }
     let ctx = Arc::new(Context {
+        status: workload_status_resource(&client).await,
         client: client.clone(),
         inventory,
         checks: store,

@@ -34,6 +34,23 @@ pub const CONTROLLER_NAME: &str = "vramguard.io/vram-fit";
 /// Kueue's API group and the version read and written.
 pub const GROUP: &str = "kueue.x-k8s.io";
 pub const VERSION: &str = "v1beta1";
+/// The version whose rules Kueue v0.15 and later store and validate Workloads by.
+pub const STORAGE_VERSION: &str = "v1beta2";
+
+/// The version a Workload's status is written in, of the group's `served` versions:
+/// v1beta2 where served, else v1beta1. Kueue v0.17's v1beta1 rule
+/// `oldSelf.spec.priorityClassSource == self.spec.priorityClassSource` fails ("no such
+/// key") on a Workload stored as v1beta2 without a priority class once quota is reserved,
+/// so a v1beta1 status write there is refused; v1beta2's rules guard with `has()`. The
+/// fields written (`status.admissionChecks[]`) are spelled alike in both.
+pub fn status_version<'a>(served: impl IntoIterator<Item = &'a str>) -> &'static str {
+    if served.into_iter().any(|v| v == STORAGE_VERSION) {
+        STORAGE_VERSION
+    } else {
+        VERSION
+    }
+}
+
 /// Longest message written to a check (Kueue allows 32 768 bytes; a person reads this).
 pub const MAX_MESSAGE: usize = 4096;
 

@@ -160,3 +160,10 @@ fn verdicts_map_to_check_states() {
     assert_eq!(v.state, CheckState::Rejected);
     assert!(v.message.len() <= MAX_MESSAGE);
 }
+
+#[test]
+fn status_is_written_in_v1beta2_where_served() {
+    assert_eq!(status_version(["v1beta2", "v1beta1"]), "v1beta2");
+    assert_eq!(status_version(["v1beta1"]), "v1beta1");
+    assert_eq!(status_version([]), "v1beta1");
+}
