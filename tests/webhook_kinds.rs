@@ -184,6 +184,11 @@ async fn each_kind_is_judged_and_advice_is_in_its_own_knobs() {
     let m = message(&r);
     assert!(m.starts_with("Job lora-llama-3-1-8b needs "), "{m}");
     assert!(m.contains("biggest GPU in this cluster"), "{m}");
+    // Where it was read, without an empty list after it.
+    assert!(
+        m.ends_with("Read from the vramguard.io/training annotation."),
+        "{m}"
+    );
 
     // A JobSet of 8 A100 80GB GPUs: the cluster has one, in MIG slices.
     let mut jobset = example("jobset-torchtune-llama-3.1-8b-lora.yaml");

@@ -411,6 +411,10 @@ fn read_from(j: &kinds::Judged) -> String {
         .filter(|s| s.field == "training.microBatchSize" || s.field == "model.preset")
         .map(|s| s.from.clone())
         .collect();
+    if sources.is_empty() {
+        // The annotation says the whole recipe in one place: nothing more to name.
+        return format!("Read from {}.", j.origin.describe());
+    }
     format!("Read from {}: {}.", j.origin.describe(), sources.join("; "))
 }
 
