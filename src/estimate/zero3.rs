@@ -33,6 +33,10 @@
 //! `integrations/deepspeed.py`, `trainer_config_finalize`), and keep 1e9 for
 //! the reuse distance and the live parameters.
 
+use super::arch::{Arch, Mlp};
+use super::bounds::{Ends, Mechanism};
+use super::params::Counts;
+
 /// DeepSpeed's default `stage3_max_reuse_distance` (elements).
 pub const REUSE_DISTANCE: f64 = 1e9;
 /// DeepSpeed's default `stage3_prefetch_bucket_size` (elements).
@@ -74,6 +78,49 @@ pub struct Gathered {
 }
 
 impl Trace {
+    /// The modules of `a` as ZeRO-3 fetches them, for a pipeline stage of
+    /// `blocks` blocks: the embedding on the first stage, the head (a tied
+    /// one is the embedding's matrix) on the last. A mixture-of-experts
+    /// layer's routed experts are one module, as DeepSpeed recommends them
+    /// (`set_z3_leaf_modules`) and as Transformers 5 keeps them (one 3-D
+    /// tensor per projection).
+    pub fn of(a: &Arch, counts: &Counts, blocks: f64, first: bool, last: bool) -> Trace {
+        let h = a.hidden as f64;
+        let q = (a.heads * a.head_dim) as f64;
+        let kv = (a.kv_heads * a.head_dim) as f64;
+        let mut block = vec![h * q, h * kv, h * kv, q * h];
+        let matrices = match a.mlp {
+            Mlp::Gated => 3.0,
+            Mlp::Standard => 2.0,
+        };
+        let i = a.intermediate as f64;
+        if a.experts > 0 {
+            let e = a.experts as f64;
+            block.push(h * e);
+            block.push(e * matrices * h * i);
+            if a.shared_intermediate > 0 {
+                block.push(matrices * h * a.shared_intermediate as f64);
+            }
+        } else if matrices == 3.0 {
+            block.extend([h * i, h * i, i * h]);
+        } else {
+            block.extend([h * i, i * h]);
+        }
+        let head = if counts.head > 0 {
+            counts.head as f64
+        } else if a.tied {
+            (a.vocab * a.hidden) as f64
+        } else {
+            0.0
+        };
+        Trace {
+            embedding: if first { counts.embedding as f64 } else { 0.0 },
+            block,
+            blocks,
+            head: if last { head } else { 0.0 },
+        }
+    }
+
     /// The modules forward runs, last first: the head, then the blocks'
     /// modules from the last block's last one down, then the embedding.
     fn reversed(&self) -> impl Iterator<Item = f64> + '_ {
@@ -133,6 +180,28 @@ impl Trace {
     }
 }
 
+/// Elements of a stage's parameters that DeepSpeed ZeRO-3 holds gathered at
+/// once in a step: forward's last modules kept into backward and the first
+/// prefetch of backward, or the embedding at backward's end if larger.
+///
+/// - point: the reuse distance and live parameters at DeepSpeed's defaults
+///   (the Hugging Face Trainer's example configs keep them), the prefetch
+///   bucket at DeepSpeed's 5e7 or, under the Trainer (`hf_auto`), its
+///   `auto` 0.9 × hidden²;
+/// - low: no prefetch issued yet (the modules kept for reuse only);
+/// - high: the larger of the two buckets.
+pub fn deepspeed_gathered(trace: &Trace, hidden: f64, hf_auto: bool, ends: &Ends) -> f64 {
+    let auto = hf_auto_prefetch_bucket(hidden);
+    let bucket = ends.pick(
+        Mechanism::ShardGather,
+        0.0,
+        if hf_auto { auto } else { PREFETCH_BUCKET },
+        auto.max(PREFETCH_BUCKET),
+    );
+    let g = trace.gathered(REUSE_DISTANCE, bucket, MAX_LIVE);
+    g.turn.max(g.backward_end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +230,34 @@ mod tests {
             blocks: 32.0,
             head: 32000.0 * h,
         }
+    }
+
+    #[test]
+    fn the_trace_of_a_preset_is_its_modules() {
+        let a = &crate::api::presets::find("llama-3.1-8b")
+            .expect("a preset")
+            .arch;
+        let counts = crate::api::params::count(a, crate::api::Head::Lm, 0).expect("counts");
+        let t = Trace::of(a, &counts, 32.0, true, true);
+        assert_eq!(t, llama_8b());
+        // A middle pipeline stage has neither the embedding nor the head.
+        let mid = Trace::of(a, &counts, 8.0, false, false);
+        assert_eq!((mid.embedding, mid.head, mid.blocks), (0.0, 0.0, 8.0));
+    }
+
+    #[test]
+    fn the_ends_move_with_the_prefetch() {
+        use crate::estimate::bounds::End;
+        let t = llama_8b();
+        let at = |end| {
+            let ends = Ends::all(end);
+            deepspeed_gathered(&t, 4096.0, false, &ends)
+        };
+        let (low, point, high) = (at(End::Low), at(End::Point), at(End::High));
+        // The 8B head is kept alone; the embedding, as large, bounds the low end.
+        assert_eq!(low, t.head);
+        assert_eq!(point, t.head + 14336.0 * 4096.0);
+        assert!(high >= point);
     }
 
     #[test]
