@@ -53,8 +53,6 @@ KNOWN = {
     'src/simulate/record.rs::observe': 130,
     'src/simulate/report.rs::build': 262,
     'src/simulate/report.rs::text': 161,
-    'src/simulate/scenario.rs': 925,
-    'src/simulate/scenario.rs::parse_within': 309,
 }
 
 
