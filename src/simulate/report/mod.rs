@@ -1,16 +1,18 @@
 //! The outcome of a simulation: the summary counts, the invariants with
 //! their verdicts, the baseline beside them, the timeline and utilisation;
-//! rendered as text for people and as JSON (`-o json`) for machines.
+//! rendered as text for people (`text.rs`) and as JSON (`-o json`) for
+//! machines.
+
+mod text;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use super::baseline::Baseline;
 use super::live::Outcome;
 use super::record::{
-    AdmissionRecord, Outcome as RunOutcome, Sample, Verdict, clock, invariants,
+    AdmissionRecord, Outcome as RunOutcome, Records, RunRecord, Sample, Verdict, clock, invariants,
     names_numbers_and_fix,
 };
 use super::scenario::Scenario;
@@ -98,124 +100,226 @@ impl Report {
         wall_total: f64,
     ) -> Report {
         let end = outcome.ended_at;
+        let mut t = Tally::new(&outcome, wall_live);
+        t.admissions(&outcome.records.admissions);
+        let created = std::mem::take(&mut t.created);
+        let lost: Vec<String> = created
+            .iter()
+            .flat_map(|name| t.job(name, &outcome))
+            .collect();
+        t.created = created;
         let r = &mut outcome.records;
-        let mut s = Summary {
-            submitted: r.admissions.len() as u64,
-            operator_restarts: r.operator_restarts,
-            simulated_seconds: end,
-            wall_seconds: wall_live,
-            running_at_end: outcome.running_at_end as u64,
-            ..Summary::default()
+        for l in lost {
+            r.violate(invariants::NO_JOB_LOST_OR_DUPLICATED, l);
+        }
+        for b in std::mem::take(&mut t.bad) {
+            r.violate(invariants::REJECTIONS_NAME_NUMBERS_AND_FIX, b);
+        }
+        let ooms = t.attempts(r, end);
+        let over_retried = over_retried(r, &ooms.by_job);
+        for u in ooms.unexcused {
+            r.violate(invariants::NO_OOM_UNLESS_UNDERESTIMATED, u);
+        }
+        for o in over_retried.into_iter().chain(ooms.not_prevented) {
+            r.violate(invariants::RETRIES_BOUNDED_AND_LEARNT, o);
+        }
+        t.s.mean_memory_utilisation = if r.samples.is_empty() {
+            0.0
+        } else {
+            r.samples.iter().map(|x| x.memory_utilisation).sum::<f64>() / r.samples.len() as f64
         };
-        let mut rejections = Vec::new();
-        let mut created = Vec::new();
-        for a in &r.admissions {
+        let details = t.details(r, scenario, ooms.excused);
+        let invariants = invariants::ALL
+            .iter()
+            .map(|name| {
+                (
+                    name.to_string(),
+                    verdict(
+                        r.violations.get(name),
+                        details.get(name).cloned().unwrap_or_default(),
+                    ),
+                )
+            })
+            .collect();
+        Report {
+            scenario: scenario.name.clone(),
+            nodes: scenario.nodes.len(),
+            gpus: scenario.gpus(),
+            summary: t.s,
+            invariants,
+            baseline,
+            rejections: t.rejections,
+            shrinks: t.shrinks,
+            failures: t.failures,
+            timeline: timeline(r),
+            utilisation: std::mem::take(&mut r.samples),
+            wall_seconds_total: wall_total.max(0.0),
+        }
+    }
+
+    /// True when every invariant holds.
+    pub fn all_hold(&self) -> bool {
+        self.invariants.values().all(|v| v.holds)
+    }
+}
+
+/// The counts and findings of the run with vramguard, gathered from its
+/// records step by step.
+struct Tally {
+    s: Summary,
+    rejections: Vec<AdmissionRecord>,
+    /// Jobs the webhook admitted and the API server created, in order.
+    created: Vec<String>,
+    shrinks: BTreeMap<String, Vec<String>>,
+    failures: BTreeMap<String, String>,
+    /// Rejections without bytes and a fix (or the invalid field).
+    bad: Vec<String>,
+}
+
+/// The attempts that died of OOM.
+struct Ooms {
+    /// OOMed attempts by job.
+    by_job: BTreeMap<String, u32>,
+    /// Those whose true need exceeded the hold, or beside a neighbour over its own.
+    excused: u64,
+    /// Those that died with their hold intact.
+    unexcused: Vec<String>,
+    /// First attempts that OOMed after their shape's OOM was learnt.
+    not_prevented: Vec<String>,
+}
+
+impl Tally {
+    fn new(outcome: &Outcome, wall_live: f64) -> Tally {
+        let r = &outcome.records;
+        Tally {
+            s: Summary {
+                submitted: r.admissions.len() as u64,
+                operator_restarts: r.operator_restarts,
+                simulated_seconds: outcome.ended_at,
+                wall_seconds: wall_live,
+                running_at_end: outcome.running_at_end as u64,
+                ..Summary::default()
+            },
+            rejections: Vec::new(),
+            created: Vec::new(),
+            shrinks: BTreeMap::new(),
+            failures: BTreeMap::new(),
+            bad: Vec::new(),
+        }
+    }
+
+    /// The webhook's answers: what was created, what was denied, and
+    /// whether each denial names numbers and a fix (an invalid spec: the field).
+    fn admissions(&mut self, admissions: &[AdmissionRecord]) {
+        for a in admissions {
             if a.allowed {
-                created.push(a.job.clone());
+                self.created.push(a.job.clone());
             } else {
-                s.rejected_at_admission += 1;
-                rejections.push(a.clone());
+                self.s.rejected_at_admission += 1;
+                self.rejections.push(a.clone());
             }
         }
-        // Rejection messages: numbers and a fix (an invalid spec: the field).
-        let mut bad = Vec::new();
-        for a in &rejections {
+        for a in &self.rejections {
             let ok = if a.message.contains(" is invalid: ") {
                 a.message.contains("spec.")
             } else {
                 names_numbers_and_fix(&a.message)
             };
             if !ok {
-                bad.push(format!("{}: {}", a.job, a.message));
+                self.bad.push(format!("{}: {}", a.job, a.message));
             }
         }
-        let mut shrinks = BTreeMap::new();
-        let mut failures = BTreeMap::new();
+    }
+
+    /// One created job: how it was admitted and how it ended; what says it
+    /// was lost (no status, gone from the API server, placed with nothing
+    /// running).
+    fn job(&mut self, name: &str, outcome: &Outcome) -> Vec<String> {
+        let r = &outcome.records;
+        let Some(j) = r.jobs.get(name) else {
+            return vec![format!(
+                "{name} was admitted but the operator never wrote its status"
+            )];
+        };
         let mut lost = Vec::new();
-        for name in &created {
-            let Some(j) = r.jobs.get(name) else {
-                lost.push(format!(
-                    "{name} was admitted but the operator never wrote its status"
-                ));
-                continue;
-            };
-            let fin = outcome.final_jobs.get(name);
-            if fin.is_none() {
-                lost.push(format!("{name} disappeared from the API server"));
-            }
-            let phase = fin
-                .and_then(|t| t.status.as_ref())
-                .and_then(|s| s.phase)
-                .or(j.phase);
-            match j.placed.first() {
-                Some((_, _, changes)) if changes.is_empty() => s.admitted_as_written += 1,
-                Some((_, _, changes)) => {
-                    s.admitted_after_shrinking += 1;
-                    shrinks.insert(name.clone(), changes.clone());
-                }
-                None => {}
-            }
-            if j.waited {
-                s.waited += 1;
-            }
-            match phase {
-                Some(Phase::Succeeded) => s.succeeded += 1,
-                Some(Phase::Failed) => {
-                    s.failed += 1;
-                    failures.insert(name.clone(), j.message.clone().unwrap_or_default());
-                }
-                Some(Phase::Rejected) => {
-                    s.rejected_by_operator += 1;
-                    let m = j.message.clone().unwrap_or_default();
-                    let ok = names_numbers_and_fix(&m) || m.contains("spec.");
-                    if !ok {
-                        bad.push(format!("{name} (operator): {m}"));
-                    }
-                }
-                Some(Phase::Pending) | None if j.placed.is_empty() => s.never_ran += 1,
-                Some(Phase::Admitted | Phase::Running) => {
-                    let running = r
-                        .runs
-                        .iter()
-                        .any(|x| &x.tj == name && x.outcome == RunOutcome::Running);
-                    let last_placed = j.placed.last().map(|p| p.1).unwrap_or(0.0);
-                    let just_placed = outcome.horizon_hit && end - last_placed < 600.0;
-                    if !(running || just_placed) {
-                        lost.push(format!(
-                            "{name} is {:?} since {} with no attempt running",
-                            phase.unwrap_or(Phase::Admitted),
-                            clock(last_placed)
-                        ));
-                    }
-                }
-                _ => {}
-            }
+        let fin = outcome.final_jobs.get(name);
+        if fin.is_none() {
+            lost.push(format!("{name} disappeared from the API server"));
         }
-        for l in lost {
-            r.violate(invariants::NO_JOB_LOST_OR_DUPLICATED, l);
+        let phase = fin
+            .and_then(|t| t.status.as_ref())
+            .and_then(|s| s.phase)
+            .or(j.phase);
+        let s = &mut self.s;
+        match j.placed.first() {
+            Some((_, _, changes)) if changes.is_empty() => s.admitted_as_written += 1,
+            Some((_, _, changes)) => {
+                s.admitted_after_shrinking += 1;
+                self.shrinks.insert(name.to_string(), changes.clone());
+            }
+            None => {}
         }
-        for b in bad {
-            r.violate(invariants::REJECTIONS_NAME_NUMBERS_AND_FIX, b);
+        if j.waited {
+            s.waited += 1;
         }
-        // Attempts: GPU hours, OOMs and whether each was excusable.
-        let mut oom_jobs = BTreeMap::<String, u32>::new();
-        let mut unexcused = Vec::new();
-        let mut excused = 0u64;
-        let mut not_prevented = Vec::new();
+        match phase {
+            Some(Phase::Succeeded) => s.succeeded += 1,
+            Some(Phase::Failed) => {
+                s.failed += 1;
+                let m = j.message.clone().unwrap_or_default();
+                self.failures.insert(name.to_string(), m);
+            }
+            Some(Phase::Rejected) => {
+                s.rejected_by_operator += 1;
+                let m = j.message.clone().unwrap_or_default();
+                let ok = names_numbers_and_fix(&m) || m.contains("spec.");
+                if !ok {
+                    self.bad.push(format!("{name} (operator): {m}"));
+                }
+            }
+            Some(Phase::Pending) | None if j.placed.is_empty() => s.never_ran += 1,
+            Some(Phase::Admitted | Phase::Running) => {
+                let running = r
+                    .runs
+                    .iter()
+                    .any(|x| x.tj == name && x.outcome == RunOutcome::Running);
+                let last_placed = j.placed.last().map(|p| p.1).unwrap_or(0.0);
+                let just_placed = outcome.horizon_hit && outcome.ended_at - last_placed < 600.0;
+                if !(running || just_placed) {
+                    lost.push(format!(
+                        "{name} is {:?} since {} with no attempt running",
+                        phase.unwrap_or(Phase::Admitted),
+                        clock(last_placed)
+                    ));
+                }
+            }
+            _ => {}
+        }
+        lost
+    }
+
+    /// Every attempt: GPU hours, OOMs and whether each was excusable.
+    fn attempts(&mut self, r: &Records, end: f64) -> Ooms {
+        let mut ooms = Ooms {
+            by_job: BTreeMap::new(),
+            excused: 0,
+            unexcused: Vec::new(),
+            not_prevented: Vec::new(),
+        };
         for x in &r.runs {
             let stop = x.end.unwrap_or(end);
             let hours = (stop - x.start).max(0.0) / 3600.0 * x.gpus as f64;
-            s.gpu_hours_used += hours;
+            self.s.gpu_hours_used += hours;
             if x.outcome != RunOutcome::Oom {
                 continue;
             }
-            s.oom_attempts += 1;
-            s.gpu_hours_lost_to_oom += hours;
-            *oom_jobs.entry(x.tj.clone()).or_default() += 1;
+            self.s.oom_attempts += 1;
+            self.s.gpu_hours_lost_to_oom += hours;
+            *ooms.by_job.entry(x.tj.clone()).or_default() += 1;
             if x.need_per_gpu > x.reserved_bytes_per_gpu || x.overuse_by_others > 0 {
-                excused += 1;
+                ooms.excused += 1;
             } else {
-                unexcused.push(format!(
+                ooms.unexcused.push(format!(
                     "{} attempt {} died of OOM needing {} GiB per GPU with {} GiB held for it and no neighbour over its hold{}",
                     x.tj,
                     x.attempt,
@@ -227,51 +331,21 @@ impl Report {
                         .unwrap_or_default()
                 ));
             }
-            // A first attempt placed, or started, after its shape's OOM was
-            // learnt: a job admitted before the lesson is judged again
-            // before its pods start.
-            if x.attempt == 0
-                && let Some(j) = r.jobs.get(&x.tj)
-                && let Some(&learnt) = r.learnt_at.get(&j.fingerprint)
-                && (j.placed.first().is_some_and(|p| p.1 > learnt) || x.start > learnt)
-            {
-                not_prevented.push(format!(
-                    "{} ran out of GPU memory on its first attempt although its shape's OOM was learnt at {} (placed at {}, started at {}, needing {} GiB per GPU, estimated {} GiB, {} GiB held)",
-                    x.tj,
-                    clock(learnt),
-                    clock(j.placed.first().map(|p| p.1).unwrap_or(0.0)),
-                    clock(x.start),
-                    estimate::gib(x.need_per_gpu),
-                    estimate::gib(x.estimated_per_gpu),
-                    estimate::gib(x.reserved_bytes_per_gpu)
-                ));
-            }
+            ooms.not_prevented.extend(not_prevented(r, x));
         }
-        s.oomed = oom_jobs.len() as u64;
-        s.retried_after_oom = oom_jobs
+        self.s.oomed = ooms.by_job.len() as u64;
+        self.s.retried_after_oom = ooms
+            .by_job
             .keys()
             .filter(|k| r.jobs.get(*k).is_some_and(|j| j.placed.len() > 1))
             .count() as u64;
-        let mut over_retried = Vec::new();
-        for (k, n) in &oom_jobs {
-            let max = r.jobs.get(k).map(|j| j.max_oom_retries).unwrap_or(0);
-            if *n > max.saturating_add(1) {
-                over_retried.push(format!("{k}: {n} OOMed attempts with maxOomRetries {max}"));
-            }
-        }
-        for u in unexcused {
-            r.violate(invariants::NO_OOM_UNLESS_UNDERESTIMATED, u);
-        }
-        for o in over_retried.into_iter().chain(not_prevented) {
-            r.violate(invariants::RETRIES_BOUNDED_AND_LEARNT, o);
-        }
-        s.mean_memory_utilisation = if r.samples.is_empty() {
-            0.0
-        } else {
-            r.samples.iter().map(|x| x.memory_utilisation).sum::<f64>() / r.samples.len() as f64
-        };
+        ooms
+    }
 
-        let details: BTreeMap<&str, String> = [
+    /// What each invariant reports when it holds.
+    fn details(&self, r: &Records, scenario: &Scenario, excused: u64) -> BTreeMap<&str, String> {
+        let s = &self.s;
+        [
             (
                 invariants::NO_OOM_UNLESS_UNDERESTIMATED,
                 format!(
@@ -291,7 +365,7 @@ impl Report {
                 invariants::NO_JOB_LOST_OR_DUPLICATED,
                 format!(
                     "{} jobs admitted, {} operator restarts: every job accounted for, no Job started twice",
-                    created.len(),
+                    self.created.len(),
                     r.operator_restarts
                 ),
             ),
@@ -315,221 +389,55 @@ impl Report {
             ),
         ]
         .into_iter()
-        .collect();
-        let invariants = invariants::ALL
-            .iter()
-            .map(|name| {
-                (
-                    name.to_string(),
-                    verdict(
-                        r.violations.get(name),
-                        details.get(name).cloned().unwrap_or_default(),
-                    ),
-                )
-            })
-            .collect();
-        let mut timeline: Vec<TimelineEntry> = r
-            .timeline
-            .iter()
-            .map(|(at, e)| TimelineEntry {
-                at: *at,
-                event: e.clone(),
-            })
-            .collect();
-        timeline.sort_by(|a, b| a.at.total_cmp(&b.at));
-        Report {
-            scenario: scenario.name.clone(),
-            nodes: scenario.nodes.len(),
-            gpus: scenario.gpus(),
-            summary: s,
-            invariants,
-            baseline,
-            rejections,
-            shrinks,
-            failures,
-            timeline,
-            utilisation: std::mem::take(&mut r.samples),
-            wall_seconds_total: wall_total.max(0.0),
-        }
-    }
-
-    /// True when every invariant holds.
-    pub fn all_hold(&self) -> bool {
-        self.invariants.values().all(|v| v.holds)
-    }
-
-    /// The report for people.
-    pub fn text(&self, timeline_lines: usize) -> String {
-        let s = &self.summary;
-        let b = &self.baseline;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "scenario {}: {} nodes, {} GPUs; {} simulated in {:.1} s ({:.1} s with the baseline)",
-            self.scenario,
-            self.nodes,
-            self.gpus,
-            clock(s.simulated_seconds),
-            s.wall_seconds,
-            self.wall_seconds_total
-        );
-        let _ = writeln!(out, "\ntimeline");
-        let shown = self.timeline.len().min(timeline_lines);
-        for e in &self.timeline[..shown] {
-            let _ = writeln!(out, "  {:>9}  {}", clock(e.at), one_line(&e.event, 160));
-        }
-        if self.timeline.len() > shown {
-            let _ = writeln!(
-                out,
-                "  ... {} more (-o json has them all)",
-                self.timeline.len() - shown
-            );
-        }
-        let _ = writeln!(
-            out,
-            "\nGPU memory in use (trainers' bytes / capacity of live nodes)"
-        );
-        let step = (self.utilisation.len() / 24).max(1);
-        for u in self.utilisation.iter().step_by(step) {
-            let bar = (u.memory_utilisation * 40.0).round().clamp(0.0, 40.0) as usize;
-            let _ = writeln!(
-                out,
-                "  {:>9}  {:<40} {:>3.0} %  {} GPUs busy, {} running, {} pending",
-                clock(u.at),
-                "#".repeat(bar),
-                u.memory_utilisation * 100.0,
-                u.busy_gpus,
-                u.running,
-                u.pending
-            );
-        }
-        let _ = writeln!(out, "\n  {:<34} {:>12} {:>12}", "", "vramguard", "baseline");
-        let dash = "-".to_string();
-        let rows: Vec<(&str, String, String)> = vec![
-            (
-                "submitted",
-                s.submitted.to_string(),
-                b.submitted.to_string(),
-            ),
-            (
-                "rejected at admission",
-                s.rejected_at_admission.to_string(),
-                "0".into(),
-            ),
-            (
-                "rejected by the operator",
-                s.rejected_by_operator.to_string(),
-                dash.clone(),
-            ),
-            (
-                "admitted as written",
-                s.admitted_as_written.to_string(),
-                b.submitted.saturating_sub(b.invalid).to_string(),
-            ),
-            (
-                "admitted after shrinking",
-                s.admitted_after_shrinking.to_string(),
-                dash.clone(),
-            ),
-            (
-                "waited for capacity",
-                s.waited.to_string(),
-                b.waited.to_string(),
-            ),
-            ("jobs that OOMed", s.oomed.to_string(), b.oomed.to_string()),
-            (
-                "attempts that OOMed",
-                s.oom_attempts.to_string(),
-                b.oom_attempts.to_string(),
-            ),
-            (
-                "retried after OOM with what was learnt",
-                s.retried_after_oom.to_string(),
-                dash.clone(),
-            ),
-            (
-                "succeeded",
-                s.succeeded.to_string(),
-                b.succeeded.to_string(),
-            ),
-            ("failed", s.failed.to_string(), b.failed.to_string()),
-            (
-                "never ran",
-                s.never_ran.to_string(),
-                b.never_ran.to_string(),
-            ),
-            (
-                "running at the end",
-                s.running_at_end.to_string(),
-                b.running_at_end.to_string(),
-            ),
-            (
-                "GPU-hours used",
-                format!("{:.1}", s.gpu_hours_used),
-                format!("{:.1}", b.gpu_hours_used),
-            ),
-            (
-                "GPU-hours lost to OOM",
-                format!("{:.1}", s.gpu_hours_lost_to_oom),
-                format!("{:.1}", b.gpu_hours_lost_to_oom),
-            ),
-            (
-                "mean GPU memory in use",
-                format!("{:.0} %", s.mean_memory_utilisation * 100.0),
-                format!("{:.0} %", b.mean_memory_utilisation * 100.0),
-            ),
-        ];
-        for (k, v, w) in rows {
-            let _ = writeln!(out, "  {k:<38} {v:>8} {w:>12}");
-        }
-        if !self.rejections.is_empty() {
-            let _ = writeln!(out, "\nrejected at admission");
-            for a in self.rejections.iter().take(5) {
-                let _ = writeln!(out, "  {}: {}", a.job, one_line(&a.message, 400));
-            }
-            if self.rejections.len() > 5 {
-                let _ = writeln!(out, "  ... {} more", self.rejections.len() - 5);
-            }
-        }
-        if !self.shrinks.is_empty() {
-            let _ = writeln!(out, "\nadmitted after shrinking");
-            for (k, v) in self.shrinks.iter().take(5) {
-                let _ = writeln!(out, "  {k}: {}", v.join(", "));
-            }
-            if self.shrinks.len() > 5 {
-                let _ = writeln!(out, "  ... {} more", self.shrinks.len() - 5);
-            }
-        }
-        if !self.failures.is_empty() {
-            let _ = writeln!(out, "\nfailed");
-            for (k, v) in self.failures.iter().take(5) {
-                let _ = writeln!(out, "  {k}: {}", one_line(v, 300));
-            }
-            if self.failures.len() > 5 {
-                let _ = writeln!(out, "  ... {} more", self.failures.len() - 5);
-            }
-        }
-        let _ = writeln!(out, "\ninvariants");
-        for (k, v) in &self.invariants {
-            let _ = writeln!(
-                out,
-                "  {} {k}: {}",
-                if v.holds { "holds " } else { "BROKEN" },
-                one_line(&v.detail, 600)
-            );
-        }
-        out
+        .collect()
     }
 }
 
-fn one_line(s: &str, max: usize) -> String {
-    let flat = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.len() <= max {
-        return flat;
+/// A first attempt placed, or started, after its shape's OOM was learnt: a
+/// job admitted before the lesson is judged again before its pods start,
+/// so it must not die of OOM.
+fn not_prevented(r: &Records, x: &RunRecord) -> Option<String> {
+    if x.attempt == 0
+        && let Some(j) = r.jobs.get(&x.tj)
+        && let Some(&learnt) = r.learnt_at.get(&j.fingerprint)
+        && (j.placed.first().is_some_and(|p| p.1 > learnt) || x.start > learnt)
+    {
+        return Some(format!(
+            "{} ran out of GPU memory on its first attempt although its shape's OOM was learnt at {} (placed at {}, started at {}, needing {} GiB per GPU, estimated {} GiB, {} GiB held)",
+            x.tj,
+            clock(learnt),
+            clock(j.placed.first().map(|p| p.1).unwrap_or(0.0)),
+            clock(x.start),
+            estimate::gib(x.need_per_gpu),
+            estimate::gib(x.estimated_per_gpu),
+            estimate::gib(x.reserved_bytes_per_gpu)
+        ));
     }
-    let mut end = max;
-    while !flat.is_char_boundary(end) {
-        end -= 1;
+    None
+}
+
+/// Jobs with more OOMed attempts than their `maxOomRetries` allows.
+fn over_retried(r: &Records, by_job: &BTreeMap<String, u32>) -> Vec<String> {
+    let mut over = Vec::new();
+    for (k, n) in by_job {
+        let max = r.jobs.get(k).map(|j| j.max_oom_retries).unwrap_or(0);
+        if *n > max.saturating_add(1) {
+            over.push(format!("{k}: {n} OOMed attempts with maxOomRetries {max}"));
+        }
     }
-    format!("{}...", &flat[..end])
+    over
+}
+
+/// The timeline's events in time order.
+fn timeline(r: &Records) -> Vec<TimelineEntry> {
+    let mut timeline: Vec<TimelineEntry> = r
+        .timeline
+        .iter()
+        .map(|(at, e)| TimelineEntry {
+            at: *at,
+            event: e.clone(),
+        })
+        .collect();
+    timeline.sort_by(|a, b| a.at.total_cmp(&b.at));
+    timeline
 }
