@@ -48,7 +48,6 @@ KNOWN = {
     'src/estimate/step.rs': 1407,
     'src/estimate/step.rs::transformer_stage': 625,
     'src/simulate/cluster.rs::job_seen': 232,
-    'src/simulate/live.rs::run': 165,
 }
 
 
