@@ -47,7 +47,6 @@ LAYERS = [
 KNOWN = {
     'src/estimate/step.rs': 1407,
     'src/estimate/step.rs::transformer_stage': 625,
-    'src/simulate/cluster.rs::job_seen': 232,
 }
 
 
