@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::scenario::{Fault, Scenario};
 use super::{Prepared, capacity_bytes};
+use crate::api::ValidatedJob;
 
 /// batch/v1 Job's default `backoffLimit`.
 pub const BACKOFF_LIMIT: u32 = 6;
@@ -318,7 +319,7 @@ impl<'a> Sim<'a> {
         for &n in &chosen {
             self.nodes[n].free -= per_node;
         }
-        let (ooms, held_bytes, peak_bytes) = self.bytes_on(p, &chosen);
+        let (ooms, held_bytes, peak_bytes) = self.bytes_on(p, job, &chosen);
         let held_bytes = held_bytes * f64::from(per_node);
         let peak_bytes = peak_bytes * f64::from(per_node);
         self.held += held_bytes;
@@ -341,8 +342,7 @@ impl<'a> Sim<'a> {
     /// What one GPU's trainer on each chosen node holds from the start and
     /// adds at its peak, summed over the nodes; true when one of them does
     /// not fit its GPU (it holds what fits until it dies at the peak).
-    fn bytes_on(&self, p: &Prepared, chosen: &[usize]) -> (bool, f64, f64) {
-        let job = p.validated.as_ref().expect("only valid jobs are placed");
+    fn bytes_on(&self, p: &Prepared, job: &ValidatedJob, chosen: &[usize]) -> (bool, f64, f64) {
         let mut ooms = false;
         let mut held_bytes = 0.0;
         let mut peak_bytes = 0.0;

@@ -229,8 +229,14 @@ impl Records {
         events.extend(entry.note_end(&key, &status, now));
         let placed_now = matches!(status.phase, Some(Phase::Admitted | Phase::Running))
             && status.placement.is_some();
-        if placed_now {
-            self.note_placement(&key, &status, previous_phase, now, last_publish, ttl);
+        let stale = placed_now
+            .then(|| entry.note_placement(&key, &status, previous_phase, now, last_publish, ttl))
+            .flatten();
+        if let Some(stale) = stale {
+            self.placements_checked += 1;
+            for s in stale {
+                self.violate(invariants::NO_STALE_GPU_NODE_TRUSTED, s);
+            }
         }
         let holds = if placed_now {
             holds_of(&status)
@@ -240,55 +246,6 @@ impl Records {
         self.set_holds(&key, holds, now);
         for e in events {
             self.event(now, e);
-        }
-    }
-
-    /// A placement the job did not have (a new attempt, not the same one
-    /// seen again): its nodes must have published within the TTL.
-    fn note_placement(
-        &mut self,
-        key: &str,
-        status: &TrainingJobStatus,
-        previous_phase: Option<Phase>,
-        now: f64,
-        last_publish: &dyn Fn(&str) -> Option<f64>,
-        ttl: f64,
-    ) {
-        let entry = self.jobs.get_mut(key).expect("observed before");
-        let attempt = status.oom_retries;
-        let new_placement = !entry.placed.iter().any(|(a, _, _)| *a == attempt)
-            && previous_phase != Some(Phase::Running);
-        if !new_placement {
-            return;
-        }
-        let changes = status
-            .plan
-            .as_ref()
-            .map(|p| p.changes.clone())
-            .unwrap_or_default();
-        entry.placed.push((attempt, now, changes));
-        let mut stale = Vec::new();
-        if let Some(p) = &status.placement {
-            for d in &p.devices {
-                match last_publish(&d.node) {
-                    Some(t) if now - t <= ttl => {}
-                    Some(t) => stale.push(format!(
-                        "{key} placed on {} at {} whose agent last published at {}",
-                        d.node,
-                        clock(now),
-                        clock(t)
-                    )),
-                    None => stale.push(format!(
-                        "{key} placed on {} at {}, which never published",
-                        d.node,
-                        clock(now)
-                    )),
-                }
-            }
-        }
-        self.placements_checked += 1;
-        for s in stale {
-            self.violate(invariants::NO_STALE_GPU_NODE_TRUSTED, s);
         }
     }
 
@@ -377,6 +334,52 @@ impl JobRecord {
             },
             status.message.clone().unwrap_or_default()
         ))
+    }
+
+    /// A placement the job did not have (a new attempt, not the same one
+    /// seen again) is noted; its nodes must have published within the TTL:
+    /// those that had not. None when the placement is not new.
+    fn note_placement(
+        &mut self,
+        key: &str,
+        status: &TrainingJobStatus,
+        previous_phase: Option<Phase>,
+        now: f64,
+        last_publish: &dyn Fn(&str) -> Option<f64>,
+        ttl: f64,
+    ) -> Option<Vec<String>> {
+        let attempt = status.oom_retries;
+        let new_placement = !self.placed.iter().any(|(a, _, _)| *a == attempt)
+            && previous_phase != Some(Phase::Running);
+        if !new_placement {
+            return None;
+        }
+        let changes = status
+            .plan
+            .as_ref()
+            .map(|p| p.changes.clone())
+            .unwrap_or_default();
+        self.placed.push((attempt, now, changes));
+        let mut stale = Vec::new();
+        if let Some(p) = &status.placement {
+            for d in &p.devices {
+                match last_publish(&d.node) {
+                    Some(t) if now - t <= ttl => {}
+                    Some(t) => stale.push(format!(
+                        "{key} placed on {} at {} whose agent last published at {}",
+                        d.node,
+                        clock(now),
+                        clock(t)
+                    )),
+                    None => stale.push(format!(
+                        "{key} placed on {} at {}, which never published",
+                        d.node,
+                        clock(now)
+                    )),
+                }
+            }
+        }
+        Some(stale)
     }
 }
 

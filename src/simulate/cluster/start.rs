@@ -31,8 +31,9 @@ struct Starting<'a> {
     /// `namespace/name` of the TrainingJob.
     key: String,
     attempt: u32,
-    /// The scenario's job, with a valid spec.
+    /// The scenario's job, and its spec as written (valid).
     prepared: &'a Prepared,
+    written: &'a ValidatedJob,
 }
 
 /// One pod of the Job, bound to `node`, owned by the Job.
@@ -151,12 +152,7 @@ impl Cluster {
         let Some(placement) = self.placement_of(&start).await else {
             return;
         };
-        let written = start
-            .prepared
-            .validated
-            .as_ref()
-            .expect("checked in starting");
-        let planned = plan_from_env(&job, written);
+        let planned = plan_from_env(&job, start.written);
         let now = self.clock.secs();
         let (ranks, pods, lost_node) = self.ranks(&start, &placement, &planned);
         let need = ranks.first().map(|r| r.need);
@@ -235,7 +231,7 @@ impl Cluster {
         let key = format!("{namespace}/{tj_name}");
         let &idx = self.by_name.get(&key)?;
         let prepared = &self.prepared[idx];
-        prepared.validated.as_ref()?;
+        let written = prepared.validated.as_ref()?;
         Some(Starting {
             uid,
             job: job.name_any(),
@@ -244,6 +240,7 @@ impl Cluster {
             key,
             attempt,
             prepared,
+            written,
         })
     }
 
@@ -269,11 +266,6 @@ impl Cluster {
         placement: &Placement,
         planned: &ValidatedJob,
     ) -> (Vec<Rank>, Vec<(String, String)>, Option<String>) {
-        let written = start
-            .prepared
-            .validated
-            .as_ref()
-            .expect("checked in starting");
         let mut ranks = Vec::new();
         let mut pods = Vec::new();
         let mut lost_node = None;
@@ -287,7 +279,7 @@ impl Cluster {
                 lost_node = Some(d.node.clone());
             }
             let product: &'static GpuProduct = node.spec.product;
-            let need = match start.prepared.need(planned, written, product) {
+            let need = match start.prepared.need(planned, start.written, product) {
                 Ok(n) => n,
                 Err(_) => continue,
             };
