@@ -47,14 +47,6 @@ LAYERS = [
 KNOWN = {
     'src/estimate/step.rs': 1407,
     'src/estimate/step.rs::transformer_stage': 625,
-    'src/simulate/baseline.rs::run': 233,
-    'src/simulate/cluster.rs::job_seen': 232,
-    'src/simulate/live.rs::run': 165,
-    'src/simulate/record.rs::observe': 130,
-    'src/simulate/report.rs::build': 262,
-    'src/simulate/report.rs::text': 161,
-    'src/simulate/scenario.rs': 925,
-    'src/simulate/scenario.rs::parse_within': 309,
 }
 
 

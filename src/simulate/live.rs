@@ -3,6 +3,7 @@
 //! every job has ended (or the scenario's time is up).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -315,22 +316,58 @@ pub async fn run(
     prepared: Vec<Prepared>,
     progress: &super::Progress,
 ) -> Result<Outcome, String> {
-    use std::sync::atomic::Ordering::Relaxed;
-    let seen = |secs: f64| progress.simulated_ms.store((secs * 1000.0) as u64, Relaxed);
     let server = ApiServer::in_process(apiserver::Options {
         request_log: false,
         history_limit: Some(5_000),
         bookmark_every: Duration::from_secs(60),
     });
-    let client = server.client();
-    let clock = Clock::new();
+    let cluster = Arc::new(cluster(scenario, prepared, server.client())?);
+    let (mut tasks, webhook) = start(scenario, &cluster).await;
+    let (created, mut horizon_hit) = submit_all(scenario, &cluster, &webhook, progress).await;
+    if !horizon_hit {
+        horizon_hit = until_done(scenario.horizon, &cluster, created, progress).await;
+    }
+    let ended_at = cluster.clock.secs();
+    let running_at_end = lock(&cluster.world).running();
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    let final_jobs: HashMap<String, TrainingJob> = server
+        .objects::<TrainingJob>()
+        .into_iter()
+        .map(|tj| {
+            (
+                format!("{}/{}", tj.namespace().unwrap_or_default(), tj.name_any()),
+                tj,
+            )
+        })
+        .collect();
+    let records = cluster.records.clone();
+    drop(cluster);
+    let records = Arc::try_unwrap(records)
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .unwrap_or_else(|arc| std::mem::take(&mut *lock(&arc)));
+    Ok(Outcome {
+        records,
+        ended_at,
+        horizon_hit,
+        final_jobs,
+        running_at_end,
+    })
+}
+
+/// The simulated cluster on a fresh clock: its nodes, empty records with
+/// each node's capacity, and the jobs by `namespace/name`.
+fn cluster(
+    scenario: &Scenario,
+    prepared: Vec<Prepared>,
+    client: Client,
+) -> Result<Cluster, String> {
     let mut records = Records::default();
     for n in &scenario.nodes {
         records
             .capacity
             .insert(n.name.clone(), super::capacity_bytes(n.product));
     }
-    let records = Arc::new(Mutex::new(records));
     let by_name: HashMap<String, usize> = prepared
         .iter()
         .enumerate()
@@ -345,28 +382,37 @@ pub async fn run(
             )
         })
         .collect();
-    let prepared = Arc::new(prepared);
-    let cluster = Arc::new(Cluster {
-        client: client.clone(),
-        clock,
+    Ok(Cluster {
+        client,
+        clock: Clock::new(),
         world: Mutex::new(World::new(&scenario.nodes)?),
-        records: records.clone(),
-        prepared: prepared.clone(),
+        records: Arc::new(Mutex::new(records)),
+        prepared: Arc::new(prepared),
         by_name,
         oom_after: scenario.oom_after,
         start_after: scenario.start_after,
         ttl_seconds: scenario.agent_ttl.ceil() as u64,
         interval: scenario.agent_interval,
         publishers: Mutex::new(HashMap::new()),
-    });
-    // The agents come up first.
+    })
+}
+
+/// Every task of the run, in the order a cluster comes up: the agents
+/// publish first, the reflectors see every node, then the webhook, the
+/// operator, the kubelet, the observer, the sampler, the agents' loops and
+/// the faults.
+async fn start(
+    scenario: &Scenario,
+    cluster: &Arc<Cluster>,
+) -> (tokio::task::JoinSet<()>, axum::Router) {
     for n in &scenario.nodes {
         cluster.publish(&n.name).await;
     }
+    let client = cluster.client.clone();
     let (reflected, reflectors) = inventory::reflect::start(client.clone());
     let source: Arc<dyn Source> = Arc::new(SimSource {
         inner: reflected,
-        clock,
+        clock: cluster.clock,
     });
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(reflectors);
@@ -376,7 +422,7 @@ pub async fn run(
     let webhook = router(Arc::new(AppState::new(source.clone())));
     let (kill_tx, kill_rx) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(operator_process(
-        client.clone(),
+        client,
         source.clone(),
         kill_rx,
         cluster.clone(),
@@ -390,21 +436,29 @@ pub async fn run(
         tasks.spawn(agent(cluster.clone(), n.name.clone(), offset));
     }
     tasks.spawn(faults(cluster.clone(), scenario.faults.clone(), kill_tx));
+    (tasks, webhook)
+}
 
-    let horizon = scenario.horizon;
+/// Each job at its arrival time through the admission chain; how many
+/// were created, and true when the horizon came first.
+async fn submit_all(
+    scenario: &Scenario,
+    cluster: &Cluster,
+    webhook: &axum::Router,
+    progress: &super::Progress,
+) -> (usize, bool) {
+    let clock = cluster.clock;
     let mut created = 0usize;
-    let mut horizon_hit = false;
-    for (i, p) in prepared.iter().enumerate() {
-        if p.arrival.at > horizon {
-            horizon_hit = true;
-            break;
+    for (i, p) in cluster.prepared.iter().enumerate() {
+        if p.arrival.at > scenario.horizon {
+            return (created, true);
         }
         clock.until(p.arrival.at).await;
-        let mut a = submit(&webhook, &client, &p.arrival.job, i).await;
+        let mut a = submit(webhook, &cluster.client, &p.arrival.job, i).await;
         a.at = clock.secs();
-        seen(a.at);
+        progress.seen(a.at);
         progress.submitted.fetch_add(1, Relaxed);
-        let mut r = lock(&records);
+        let mut r = lock(&cluster.records);
         if a.allowed {
             created += 1;
             if let Some(w) = a.warnings.iter().find(|w| w.contains("will run this")) {
@@ -417,61 +471,46 @@ pub async fn run(
         }
         r.admissions.push(a);
     }
-    // Until every created job has ended, or nothing moves for an hour, or time is up.
+    (created, false)
+}
+
+/// Until every created job has ended, or nothing moves for an hour, or
+/// time is up (then true).
+async fn until_done(
+    horizon: f64,
+    cluster: &Cluster,
+    created: usize,
+    progress: &super::Progress,
+) -> bool {
+    let clock = cluster.clock;
     let mut quiet_since = clock.secs();
     let mut last_state = (usize::MAX, usize::MAX);
-    while !horizon_hit {
+    loop {
         let now = clock.secs();
-        seen(now);
+        progress.seen(now);
         if now >= horizon {
-            horizon_hit = true;
-            break;
+            return true;
         }
         let running = lock(&cluster.world).running();
-        let ended = lock(&records)
+        let ended = lock(&cluster.records)
             .jobs
             .values()
             .filter(|j| j.ended_at.is_some())
             .count();
         if ended >= created && running == 0 {
-            break;
+            return false;
         }
         if (ended, running) != last_state {
             last_state = (ended, running);
             quiet_since = now;
         } else if running == 0 && now - quiet_since > 3600.0 {
             let open = created - ended;
-            lock(&records).event(
+            lock(&cluster.records).event(
                 now,
                 format!("nothing ran for an hour with {open} jobs still open: stopping"),
             );
-            break;
+            return false;
         }
         clock.until((now + 60.0).min(horizon)).await;
     }
-    let ended_at = clock.secs();
-    let running_at_end = lock(&cluster.world).running();
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    let final_jobs: HashMap<String, TrainingJob> = server
-        .objects::<TrainingJob>()
-        .into_iter()
-        .map(|tj| {
-            (
-                format!("{}/{}", tj.namespace().unwrap_or_default(), tj.name_any()),
-                tj,
-            )
-        })
-        .collect();
-    drop(cluster);
-    let records = Arc::try_unwrap(records)
-        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-        .unwrap_or_else(|arc| std::mem::take(&mut *lock(&arc)));
-    Ok(Outcome {
-        records,
-        ended_at,
-        horizon_hit,
-        final_jobs,
-        running_at_end,
-    })
 }

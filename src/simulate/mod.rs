@@ -101,6 +101,14 @@ pub struct Progress {
     pub live_done: std::sync::atomic::AtomicBool,
 }
 
+impl Progress {
+    /// The run with vramguard on has reached `secs` of simulated time.
+    fn seen(&self, secs: f64) {
+        self.simulated_ms
+            .store((secs * 1000.0) as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// [`run`], reporting how far it has got in `progress`.
 pub fn run_with_progress(scenario: &Scenario, progress: &Progress) -> Result<Report, String> {
     let started = std::time::Instant::now();

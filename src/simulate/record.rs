@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::api::{Phase, TrainingJob};
+use crate::api::{Phase, TrainingJob, TrainingJobStatus};
 use crate::estimate;
 use crate::operator::fingerprint;
 use kube::ResourceExt;
@@ -221,106 +221,25 @@ impl Records {
         }
         let mut events = Vec::new();
         if status.oom_retries > entry.oom_retries {
-            let scale = status.learned.as_ref().map(|l| l.scale);
-            entry.learned_scale = scale;
-            let learnt = status
-                .last_oom
-                .as_ref()
-                .map(|o| {
-                    format!(
-                        "estimated {} GiB per GPU, needed at least {} GiB",
-                        estimate::gib(o.estimated_bytes),
-                        o.observed_bytes
-                            .map(estimate::gib)
-                            .unwrap_or_else(|| "?".into())
-                    )
-                })
-                .unwrap_or_default();
-            events.push(format!(
-                "{key}: attempt {} ran out of GPU memory ({learnt}); learnt ×{:.2}{}",
-                status.oom_retries - 1,
-                scale.unwrap_or(1.0),
-                if status.phase == Some(Phase::Failed) {
-                    ", no retries left"
-                } else {
-                    ", retrying"
-                }
-            ));
-            entry.oom_retries = status.oom_retries;
+            events.push(entry.note_oom(&key, &status));
             let fp = entry.fingerprint.clone();
             self.learnt_at.entry(fp).or_insert(now);
         }
         let entry = self.jobs.get_mut(&key).expect("inserted above");
-        if matches!(
-            status.phase,
-            Some(Phase::Succeeded | Phase::Failed | Phase::Rejected)
-        ) && entry.ended_at.is_none()
-        {
-            entry.ended_at = Some(now);
-            if status.phase != Some(Phase::Succeeded) {
-                events.push(format!(
-                    "{key}: {} — {}",
-                    match status.phase {
-                        Some(Phase::Failed) => "failed",
-                        _ => "rejected by the operator",
-                    },
-                    status.message.clone().unwrap_or_default()
-                ));
-            }
-        }
-        // A new placement: check the nodes were fresh and the GPUs not held twice.
+        events.extend(entry.note_end(&key, &status, now));
         let placed_now = matches!(status.phase, Some(Phase::Admitted | Phase::Running))
             && status.placement.is_some();
-        let attempt = status.oom_retries;
-        let new_placement = placed_now
-            && !entry.placed.iter().any(|(a, _, _)| *a == attempt)
-            && previous_phase != Some(Phase::Running);
-        let mut stale = Vec::new();
-        if new_placement {
-            let changes = status
-                .plan
-                .as_ref()
-                .map(|p| p.changes.clone())
-                .unwrap_or_default();
-            entry.placed.push((attempt, now, changes));
-            if let Some(p) = &status.placement {
-                for d in &p.devices {
-                    match last_publish(&d.node) {
-                        Some(t) if now - t <= ttl => {}
-                        Some(t) => stale.push(format!(
-                            "{key} placed on {} at {} whose agent last published at {}",
-                            d.node,
-                            clock(now),
-                            clock(t)
-                        )),
-                        None => stale.push(format!(
-                            "{key} placed on {} at {}, which never published",
-                            d.node,
-                            clock(now)
-                        )),
-                    }
-                }
-            }
+        let stale = placed_now
+            .then(|| entry.note_placement(&key, &status, previous_phase, now, last_publish, ttl))
+            .flatten();
+        if let Some(stale) = stale {
             self.placements_checked += 1;
+            for s in stale {
+                self.violate(invariants::NO_STALE_GPU_NODE_TRUSTED, s);
+            }
         }
-        for s in stale {
-            self.violate(invariants::NO_STALE_GPU_NODE_TRUSTED, s);
-        }
-        let holds: Vec<(String, u32, u64)> = if placed_now {
-            status
-                .placement
-                .as_ref()
-                .map(|p| {
-                    p.devices
-                        .iter()
-                        .flat_map(|d| {
-                            d.gpus
-                                .iter()
-                                .map(|g| (d.node.clone(), g.index, p.reserved_bytes_per_gpu))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
+        let holds = if placed_now {
+            holds_of(&status)
         } else {
             Vec::new()
         };
@@ -360,6 +279,126 @@ impl Records {
             self.violate(invariants::NO_MEMORY_RESERVED_TWICE, o);
         }
     }
+}
+
+impl JobRecord {
+    /// The operator counted one more OOM: what it learnt, as a timeline event.
+    fn note_oom(&mut self, key: &str, status: &TrainingJobStatus) -> String {
+        let scale = status.learned.as_ref().map(|l| l.scale);
+        self.learned_scale = scale;
+        let learnt = status
+            .last_oom
+            .as_ref()
+            .map(|o| {
+                format!(
+                    "estimated {} GiB per GPU, needed at least {} GiB",
+                    estimate::gib(o.estimated_bytes),
+                    o.observed_bytes
+                        .map(estimate::gib)
+                        .unwrap_or_else(|| "?".into())
+                )
+            })
+            .unwrap_or_default();
+        self.oom_retries = status.oom_retries;
+        format!(
+            "{key}: attempt {} ran out of GPU memory ({learnt}); learnt ×{:.2}{}",
+            status.oom_retries - 1,
+            scale.unwrap_or(1.0),
+            if status.phase == Some(Phase::Failed) {
+                ", no retries left"
+            } else {
+                ", retrying"
+            }
+        )
+    }
+
+    /// The job's first final phase: when it ended, and an event unless it
+    /// succeeded.
+    fn note_end(&mut self, key: &str, status: &TrainingJobStatus, now: f64) -> Option<String> {
+        if !matches!(
+            status.phase,
+            Some(Phase::Succeeded | Phase::Failed | Phase::Rejected)
+        ) || self.ended_at.is_some()
+        {
+            return None;
+        }
+        self.ended_at = Some(now);
+        if status.phase == Some(Phase::Succeeded) {
+            return None;
+        }
+        Some(format!(
+            "{key}: {} — {}",
+            match status.phase {
+                Some(Phase::Failed) => "failed",
+                _ => "rejected by the operator",
+            },
+            status.message.clone().unwrap_or_default()
+        ))
+    }
+
+    /// A placement the job did not have (a new attempt, not the same one
+    /// seen again) is noted; its nodes must have published within the TTL:
+    /// those that had not. None when the placement is not new.
+    fn note_placement(
+        &mut self,
+        key: &str,
+        status: &TrainingJobStatus,
+        previous_phase: Option<Phase>,
+        now: f64,
+        last_publish: &dyn Fn(&str) -> Option<f64>,
+        ttl: f64,
+    ) -> Option<Vec<String>> {
+        let attempt = status.oom_retries;
+        let new_placement = !self.placed.iter().any(|(a, _, _)| *a == attempt)
+            && previous_phase != Some(Phase::Running);
+        if !new_placement {
+            return None;
+        }
+        let changes = status
+            .plan
+            .as_ref()
+            .map(|p| p.changes.clone())
+            .unwrap_or_default();
+        self.placed.push((attempt, now, changes));
+        let mut stale = Vec::new();
+        if let Some(p) = &status.placement {
+            for d in &p.devices {
+                match last_publish(&d.node) {
+                    Some(t) if now - t <= ttl => {}
+                    Some(t) => stale.push(format!(
+                        "{key} placed on {} at {} whose agent last published at {}",
+                        d.node,
+                        clock(now),
+                        clock(t)
+                    )),
+                    None => stale.push(format!(
+                        "{key} placed on {} at {}, which never published",
+                        d.node,
+                        clock(now)
+                    )),
+                }
+            }
+        }
+        Some(stale)
+    }
+}
+
+/// The holds a placed job's status states: (node, GPU, bytes) per GPU.
+fn holds_of(status: &TrainingJobStatus) -> Vec<(String, u32, u64)> {
+    status
+        .placement
+        .as_ref()
+        .map(|p| {
+            p.devices
+                .iter()
+                .flat_map(|d| {
+                    d.gpus
+                        .iter()
+                        .map(|g| (d.node.clone(), g.index, p.reserved_bytes_per_gpu))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// True when a capacity denial states bytes and a way out.

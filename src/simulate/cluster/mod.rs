@@ -4,27 +4,25 @@
 //! allocate on their GPUs what the job truly needs and die with PyTorch's
 //! out-of-memory message when the allocator cannot serve them.
 
+mod start;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::agent::probe::{Assignment, Assignments};
 use crate::agent::publish::{self, PublishConfig};
-use crate::api::{Checkpointing, Loss, Optimizer, Precision, TrainingJob, ValidatedJob};
-use crate::estimate::gpus::GpuProduct;
-use crate::operator::render::{ATTEMPT_LABEL, JOB_LABEL};
-use crate::plan::settings::Settings;
 
 use super::nodes::{Clock, Node};
-use super::record::{Outcome, Records, RunRecord};
+use super::record::{Outcome, Records};
 use super::scenario::NodeSpec;
 use super::truth::{self, RankNeed};
 use super::{Prepared, capacity_bytes};
@@ -228,67 +226,6 @@ fn time(ts: Timestamp) -> Value {
     json!(Time(ts))
 }
 
-/// The plan a trainer reads from its environment, over the job as written.
-fn plan_from_env(job: &Job, written: &ValidatedJob) -> ValidatedJob {
-    let mut settings = Settings::of(written);
-    let env = job
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.containers.first())
-        .and_then(|c| c.env.clone())
-        .unwrap_or_default();
-    fn word<T: serde::de::DeserializeOwned>(v: &str) -> Option<T> {
-        serde_json::from_value(Value::String(v.to_string())).ok()
-    }
-    for e in env {
-        let Some(v) = e.value.as_deref() else {
-            continue;
-        };
-        match e.name.as_str() {
-            "VRAMGUARD_MICRO_BATCH_SIZE" => {
-                if let Ok(n) = v.parse() {
-                    settings.micro_batch_size = n;
-                }
-            }
-            "VRAMGUARD_GRAD_ACCUM_STEPS" => {
-                if let Ok(n) = v.parse() {
-                    settings.gradient_accumulation_steps = n;
-                }
-            }
-            "VRAMGUARD_PRECISION" => {
-                if let Some(p) = word::<Precision>(v) {
-                    settings.precision = p;
-                }
-            }
-            "VRAMGUARD_GRADIENT_CHECKPOINTING" => {
-                if let Some(c) = word::<Checkpointing>(v) {
-                    settings.gradient_checkpointing = c;
-                }
-            }
-            "VRAMGUARD_OPTIMIZER" => {
-                if let Some(o) = word::<Optimizer>(v) {
-                    settings.optimizer = o;
-                }
-            }
-            "VRAMGUARD_ZERO_STAGE" => {
-                if let Ok(n) = v.parse() {
-                    settings.zero_stage = n;
-                }
-            }
-            "VRAMGUARD_LOSS" => {
-                if let Some(l) = word::<Loss>(v) {
-                    settings.loss = l;
-                }
-            }
-            _ => {}
-        }
-    }
-    // The operator writes only settings the job takes; any others: as written.
-    let planned = written.with_settings(&settings);
-    planned.unwrap_or_else(|_| written.clone())
-}
-
 impl Cluster {
     /// Probe and publish one node's GpuNode with the agent's code.
     pub async fn publish(&self, node: &str) {
@@ -328,241 +265,6 @@ impl Cluster {
                 }
             }
             Err(error) => tracing::warn!(node, %error, "simulated publish failed"),
-        }
-    }
-
-    /// The kubelet sees a Job: start its pods, unless it ran already, is
-    /// suspended or finished.
-    pub async fn job_seen(self: &Arc<Cluster>, job: Job) {
-        let Some(uid) = job.uid() else { return };
-        let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
-        if suspended || job.metadata.deletion_timestamp.is_some() {
-            return;
-        }
-        {
-            let mut world = lock(&self.world);
-            if world.seen.insert(uid.clone(), ()).is_some() {
-                return;
-            }
-        }
-        let namespace = job.namespace().unwrap_or_default();
-        if self.start_after > 0.0 {
-            // Pulling the image: the Job may be deleted (or replaced under
-            // its name) before its pods run.
-            let at = self.clock.secs() + self.start_after;
-            self.clock.until(at).await;
-            let jobs: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
-            match jobs.get_opt(&job.name_any()).await {
-                Ok(Some(j))
-                    if j.uid().as_deref() == Some(uid.as_str())
-                        && j.metadata.deletion_timestamp.is_none() => {}
-                _ => return,
-            }
-        }
-        let Some(tj_name) = crate::operator::render::training_job_of(&job.metadata) else {
-            return;
-        };
-        let attempt: u32 = job
-            .labels()
-            .get(ATTEMPT_LABEL)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0);
-        let key = format!("{namespace}/{tj_name}");
-        let Some(&idx) = self.by_name.get(&key) else {
-            return;
-        };
-        let prepared = &self.prepared[idx];
-        let Some(written) = prepared.validated.as_ref() else {
-            return;
-        };
-        let tjs: Api<TrainingJob> = Api::namespaced(self.client.clone(), &namespace);
-        let tj = match tjs.get_opt(&tj_name).await {
-            Ok(Some(tj)) => tj,
-            _ => return,
-        };
-        let status = tj.status.clone().unwrap_or_default();
-        let job_name = job.name_any();
-        let Some(placement) = status
-            .placement
-            .clone()
-            .filter(|_| status.job_name.as_deref() == Some(job_name.as_str()))
-        else {
-            return;
-        };
-        let planned = plan_from_env(&job, written);
-        let now = self.clock.secs();
-        let reserved = placement.reserved_bytes_per_gpu;
-        let mut ranks = Vec::new();
-        let mut pods = Vec::new();
-        let mut lost_node = None;
-        {
-            let mut world = lock(&self.world);
-            for (k, d) in placement.devices.iter().enumerate() {
-                let Some(node) = world.nodes.get(&d.node) else {
-                    lost_node = Some(d.node.clone());
-                    continue;
-                };
-                if node.lost {
-                    lost_node = Some(d.node.clone());
-                }
-                let product: &'static GpuProduct = node.spec.product;
-                let need = match prepared.need(&planned, written, product) {
-                    Ok(n) => n,
-                    Err(_) => continue,
-                };
-                pods.push((format!("{namespace}/{job_name}-{k}"), d.node.clone()));
-                for g in &d.gpus {
-                    world.next_pid += 1;
-                    let pid = world.next_pid;
-                    ranks.push(Rank {
-                        node: d.node.clone(),
-                        gpu: g.index,
-                        pid,
-                        offsets: Vec::new(),
-                        need,
-                    });
-                }
-            }
-        }
-        let need = ranks.first().map(|r| r.need);
-        let record = {
-            lock(&self.records).start_run(RunRecord {
-                tj: key.clone(),
-                attempt,
-                job: job_name.clone(),
-                nodes: pods.iter().map(|(_, n)| n.clone()).collect(),
-                gpus: ranks.len() as u64,
-                start: now,
-                end: None,
-                outcome: Outcome::Running,
-                need_per_gpu: need.map(|n| n.total()).unwrap_or(0),
-                estimated_per_gpu: need.map(|n| n.estimated_bytes).unwrap_or(0),
-                reserved_bytes_per_gpu: reserved,
-                oom_message: None,
-                overuse_by_others: 0,
-                oom_context: None,
-            })
-        };
-        // The pods, bound to their nodes, running.
-        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let mut labels = job
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
-            .and_then(|m| m.labels.clone())
-            .unwrap_or_default();
-        labels.insert("job-name".into(), job_name.clone());
-        labels.insert(
-            JOB_LABEL.into(),
-            crate::operator::render::label_value(&tj_name),
-        );
-        labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
-        let ts = self.clock.timestamp();
-        for (pod, node) in &pods {
-            let name = pod.rsplit('/').next().unwrap_or(pod).to_string();
-            let p = Pod {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    namespace: Some(namespace.clone()),
-                    labels: Some(labels.clone()),
-                    annotations: Some(
-                        [(
-                            crate::operator::render::JOB_ANNOTATION.to_string(),
-                            tj_name.clone(),
-                        )]
-                        .into(),
-                    ),
-                    owner_references: Some(vec![OwnerReference {
-                        api_version: "batch/v1".into(),
-                        kind: "Job".into(),
-                        name: job_name.clone(),
-                        uid: uid.clone(),
-                        controller: Some(true),
-                        block_owner_deletion: Some(true),
-                    }]),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(k8s_openapi::api::core::v1::PodSpec {
-                    node_name: Some(node.clone()),
-                    containers: vec![k8s_openapi::api::core::v1::Container {
-                        name: "trainer".into(),
-                        image: Some("registry.example/trainer:sim".into()),
-                        ..Default::default()
-                    }],
-                    restart_policy: Some("Never".into()),
-                    ..Default::default()
-                }),
-                status: None,
-            };
-            if let Err(error) = pods_api.create(&PostParams::default(), &p).await {
-                tracing::warn!(%error, pod = %name, "simulated kubelet: creating the pod");
-                continue;
-            }
-            let status = json!({"status": {
-                "phase": "Running",
-                "startTime": time(ts),
-                "containerStatuses": [{
-                    "name": "trainer", "ready": true, "restartCount": 0,
-                    "image": "registry.example/trainer:sim", "imageID": "", "started": true,
-                    "state": {"running": {"startedAt": time(ts)}}
-                }]
-            }});
-            let _ = pods_api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                .await;
-        }
-        let jobs_api: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
-        let _ = jobs_api
-            .patch_status(
-                &job_name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"active": pods.len(), "ready": pods.len(), "startTime": time(ts)}})),
-            )
-            .await;
-        {
-            let mut world = lock(&self.world);
-            world.insert_run(
-                uid.clone(),
-                Run {
-                    namespace: namespace.clone(),
-                    job: job_name.clone(),
-                    pods,
-                    ranks,
-                    record,
-                    task: None,
-                },
-            );
-        }
-        if let Some(node) = lost_node {
-            let message = format!("node {node} was lost; the pod could not run");
-            self.finish(&uid, Outcome::NodeLost, message).await;
-            return;
-        }
-        // The persistent state first; the peak when the step reaches it.
-        let early = self.allocate(&uid, false);
-        let cluster = self.clone();
-        let run_uid = uid.clone();
-        let duration = prepared.arrival.duration;
-        let peak_after = self.oom_after.min(duration);
-        let task = tokio::spawn(async move {
-            if let Some(message) = early {
-                cluster.clock.until(now + peak_after.min(10.0)).await;
-                cluster.finish(&uid, Outcome::Oom, message).await;
-                return;
-            }
-            cluster.clock.until(now + peak_after).await;
-            if let Some(message) = cluster.allocate(&uid, true) {
-                cluster.finish(&uid, Outcome::Oom, message).await;
-                return;
-            }
-            cluster.clock.until(now + duration).await;
-            cluster
-                .finish(&uid, Outcome::Succeeded, String::new())
-                .await;
-        });
-        let mut world = lock(&self.world);
-        if let Some(r) = world.runs.get_mut(&run_uid) {
-            r.task = Some(task.abort_handle());
         }
     }
 
