@@ -443,7 +443,9 @@ impl Cluster {
                 n.lost = true;
                 n.publishing = false;
             }
-            world
+            // In the order the attempts were recorded, not the map's: the
+            // same day ends the same attempts in the same order every run.
+            let mut victims: Vec<(usize, String)> = world
                 .runs
                 .iter_mut()
                 .filter(|(_, r)| r.ranks.iter().any(|k| k.node == node))
@@ -451,9 +453,11 @@ impl Cluster {
                     if let Some(t) = r.task.take() {
                         t.abort();
                     }
-                    uid.clone()
+                    (r.record, uid.clone())
                 })
-                .collect()
+                .collect();
+            victims.sort_unstable();
+            victims.into_iter().map(|(_, uid)| uid).collect()
         };
         for uid in victims {
             self.finish(
