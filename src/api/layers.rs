@@ -341,18 +341,41 @@ pub fn analyze_at(
     // problems are then told element by element, as the list is written.
     let first = a.errs.len();
     let read = a.read_list(layers, &Path::Root(layers_path), 0);
-    a.ids_input = matches!(read.list.first(), Some(Layer::Embedding(_)));
-    let out = a.walk(&read, &Path::Root(layers_path), input, 0);
-    a.in_document_order(first);
-    match (out, a.errs.is_empty()) {
-        (Some(out), true) => Ok(a.finish(input, out)),
-        (_, false) => Err(a.errs),
-        // No error recorded but no shape: only when the input itself failed, which records one.
-        (None, true) => Err(vec![(
-            layers_path.to_string(),
-            "could not be analysed".to_string(),
-        )]),
-    }
+    a.shapes(&read, input, layers_path, first)
+}
+
+/// As [`analyze_at`], over layers built as types (the vision presets): the shapes only,
+/// their problems at `layers_path`.
+pub fn analyze_typed(
+    layers: &Layers,
+    input_shape: &[u64],
+    layers_path: &str,
+) -> Result<LayerStack, Vec<LayerError>> {
+    let mut a = Analyzer {
+        tensors: Vec::with_capacity(2 * layers.list.len() + 16),
+        // What reading a written list counts: every element, nested ones too.
+        layers_seen: count(layers),
+        ..Analyzer::default()
+    };
+    let input = a.input(input_shape);
+    let first = a.errs.len();
+    a.shapes(layers, input, layers_path, first)
+}
+
+/// Layers in `layers`, those inside blocks and branches too.
+fn count(layers: &Layers) -> u64 {
+    layers
+        .list
+        .iter()
+        .map(|l| {
+            1 + match l {
+                Layer::Residual { layers, shortcut } => count(layers) + count(shortcut),
+                Layer::Concat { branches, .. } => branches.iter().map(count).sum(),
+                Layer::Gate { layers } | Layer::Aux { layers } => count(layers),
+                _ => 0,
+            }
+        })
+        .sum()
 }
 
 /// `layers` (as written at `layers_path`) read into typed layers, every bad element
@@ -567,6 +590,30 @@ impl Analyzer {
             if let Some(e) = taken[i - first].take() {
                 self.errs.push(e);
             }
+        }
+    }
+
+    /// The shapes through `read` from `input`, the errors from `first` on told in the
+    /// list's order.
+    fn shapes(
+        mut self,
+        read: &Layers,
+        input: Option<Cur>,
+        layers_path: &str,
+        first: usize,
+    ) -> Result<LayerStack, Vec<LayerError>> {
+        self.ids_input = matches!(read.list.first(), Some(Layer::Embedding(_)));
+        let out = self.walk(read, &Path::Root(layers_path), input, 0);
+        self.in_document_order(first);
+        match (out, self.errs.is_empty()) {
+            (Some(out), true) => Ok(self.finish(input, out)),
+            (_, false) => Err(self.errs),
+            // No error recorded but no shape: only when the input itself failed, which
+            // records one.
+            (None, true) => Err(vec![(
+                layers_path.to_string(),
+                "could not be analysed".to_string(),
+            )]),
         }
     }
 

@@ -10,9 +10,12 @@
 
 use std::sync::OnceLock;
 
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
-use super::layers::{self, INPUT_SHAPE_PATH, LayerError, LayerStack, MAX_DIM};
+use super::layers::{
+    self, Attention, BatchNorm, Conv, ConvPadding, INPUT_SHAPE_PATH, Layer, LayerError, LayerNorm,
+    LayerStack, Layers, Linear, MAX_DIM, Pool, Written,
+};
 
 /// One built-in image model.
 #[derive(Debug)]
@@ -29,7 +32,7 @@ pub struct VisionPreset {
     pub input_shape: &'static [u64],
     /// Classes of the published head.
     pub num_classes: u64,
-    build: fn(u64) -> Vec<Value>,
+    build: fn(u64) -> Vec<Layer>,
 }
 
 const PRESETS: [VisionPreset; 8] = [
@@ -108,7 +111,7 @@ const PRESETS: [VisionPreset; 8] = [
 ];
 
 /// Layer lists and analyses at the published input and classes, built once.
-static LAYERS: [OnceLock<Vec<Value>>; PRESETS.len()] = [const { OnceLock::new() }; PRESETS.len()];
+static LAYERS: [OnceLock<Layers>; PRESETS.len()] = [const { OnceLock::new() }; PRESETS.len()];
 static STACKS: [OnceLock<LayerStack>; PRESETS.len()] = [const { OnceLock::new() }; PRESETS.len()];
 
 impl VisionPreset {
@@ -120,7 +123,7 @@ impl VisionPreset {
     }
 
     /// The layer list with a head of `num_classes` outputs.
-    pub fn layers(&self, num_classes: u64) -> Vec<Value> {
+    pub fn layers(&self, num_classes: u64) -> Vec<Layer> {
         (self.build)(num_classes)
     }
 
@@ -146,13 +149,13 @@ impl VisionPreset {
             return Ok(s.clone());
         }
         let built;
-        let list: &[Value] = if classes == self.num_classes {
-            LAYERS[i].get_or_init(|| self.layers(self.num_classes))
+        let list: &Layers = if classes == self.num_classes {
+            LAYERS[i].get_or_init(|| typed(self.layers(self.num_classes)))
         } else {
-            built = self.layers(classes);
+            built = typed(self.layers(classes));
             &built
         };
-        let stack = layers::analyze_at(list, shape, self.name).map_err(|errs| {
+        let stack = layers::analyze_typed(list, shape, self.name).map_err(|errs| {
             errs.into_iter()
                 .map(|(path, reason)| {
                     if path.starts_with(INPUT_SHAPE_PATH) {
@@ -188,52 +191,104 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 }
 
 // ---- Building blocks ----
+// Each builds the layer `spec.model.layers` would read from the same fields written
+// out (the defaults of the fields left unwritten are the reader's).
 
-fn conv(cin: u64, cout: u64, k: u64, stride: u64, pad: u64, groups: u64, bias: bool) -> Value {
-    json!({"conv2d": {"in": cin, "out": cout, "kernelSize": k, "stride": stride,
-                      "padding": pad, "groups": groups, "bias": bias}})
+/// A complete list (nothing in it failed to read).
+fn typed(list: Vec<Layer>) -> Layers {
+    Layers {
+        list,
+        complete: true,
+    }
 }
 
-fn bn(c: u64, eps: f64) -> Value {
-    json!({"batchnorm": {"features": c, "eps": eps}})
+fn conv(cin: u64, cout: u64, k: u64, stride: u64, pad: u64, groups: u64, bias: bool) -> Layer {
+    Layer::Conv2d(Conv {
+        input: cin,
+        out: cout,
+        kernel_size: [k; 2],
+        stride: [stride; 2],
+        padding: ConvPadding::Each([pad; 2]),
+        dilation: [1; 2],
+        groups,
+        bias,
+    })
 }
 
-fn act(kind: &str, inplace: bool) -> Value {
-    let mut m = Map::new();
-    m.insert(kind.to_string(), json!({ "inplace": inplace }));
-    Value::Object(m)
+fn bn(c: u64, eps: f64) -> Layer {
+    Layer::BatchNorm(BatchNorm {
+        features: Some(c),
+        eps,
+        momentum: 0.1,
+        affine: true,
+        track_running_stats: true,
+    })
 }
 
-fn linear(i: u64, o: u64) -> Value {
-    json!({"linear": {"in": i, "out": o}})
+fn relu(inplace: bool) -> Layer {
+    Layer::Relu { inplace }
 }
 
-fn maxpool(k: u64, stride: u64, pad: u64) -> Value {
-    json!({"maxpool": {"kernelSize": k, "stride": stride, "padding": pad}})
+fn relu6(inplace: bool) -> Layer {
+    Layer::Relu6 { inplace }
 }
 
-fn avgpool(k: u64, stride: u64, pad: u64) -> Value {
-    json!({"avgpool": {"kernelSize": k, "stride": stride, "padding": pad}})
+fn silu(inplace: bool) -> Layer {
+    Layer::Silu { inplace }
 }
 
-fn adaptive(size: u64) -> Value {
-    json!({"adaptiveAvgPool": {"outputSize": size}})
+fn linear(i: u64, o: u64) -> Layer {
+    Layer::Linear(Linear {
+        input: i,
+        out: o,
+        bias: true,
+    })
 }
 
-fn flatten() -> Value {
-    json!({"flatten": {}})
+/// A pool's written kernel size, stride and padding.
+fn pool(k: u64, stride: u64, pad: u64) -> Box<Pool> {
+    Box::new(Pool {
+        kernel_size: Written(Some(json!(k))),
+        stride: Written(Some(json!(stride))),
+        padding: Written(Some(json!(pad))),
+        ..Pool::default()
+    })
 }
 
-fn dropout(p: f64, inplace: bool) -> Value {
-    json!({"dropout": {"p": p, "inplace": inplace}})
+fn maxpool(k: u64, stride: u64, pad: u64) -> Layer {
+    Layer::MaxPool(pool(k, stride, pad))
 }
 
-fn residual(layers: Vec<Value>, shortcut: Vec<Value>) -> Value {
-    json!({"residual": {"layers": layers, "shortcut": shortcut}})
+fn avgpool(k: u64, stride: u64, pad: u64) -> Layer {
+    Layer::AvgPool(pool(k, stride, pad))
 }
 
-fn concat(branches: Vec<Vec<Value>>) -> Value {
-    json!({"concat": {"branches": branches}})
+fn adaptive(size: u64) -> Layer {
+    Layer::AdaptiveAvgPool {
+        output_size: Written(Some(json!(size))),
+    }
+}
+
+fn flatten() -> Layer {
+    Layer::Flatten
+}
+
+fn dropout(p: f64, inplace: bool) -> Layer {
+    Layer::Dropout { p, inplace }
+}
+
+fn residual(layers: Vec<Layer>, shortcut: Vec<Layer>) -> Layer {
+    Layer::Residual {
+        layers: typed(layers),
+        shortcut: typed(shortcut),
+    }
+}
+
+fn concat(branches: Vec<Vec<Layer>>) -> Layer {
+    Layer::Concat {
+        branches: branches.into_iter().map(typed).collect(),
+        dim: 0,
+    }
 }
 
 /// torchvision's Conv2dNormActivation: conv without bias, batchnorm, activation (in place).
@@ -244,20 +299,20 @@ fn conv_bn_act(
     stride: u64,
     groups: u64,
     eps: f64,
-    a: &str,
-) -> Vec<Value> {
+    a: fn(bool) -> Layer,
+) -> Vec<Layer> {
     vec![
         conv(cin, cout, k, stride, (k - 1) / 2, groups, false),
         bn(cout, eps),
-        act(a, true),
+        a(true),
     ]
 }
 
 // ---- ResNet ----
 
 /// torchvision `ResNet` with `Bottleneck` blocks: `blocks` per stage.
-fn resnet(blocks: [u64; 4], classes: u64) -> Vec<Value> {
-    let relu = || act("relu", true);
+fn resnet(blocks: [u64; 4], classes: u64) -> Vec<Layer> {
+    let relu = || relu(true);
     let mut l = vec![
         conv(3, 64, 7, 2, 3, 1, false),
         bn(64, 1e-5),
@@ -295,18 +350,18 @@ fn resnet(blocks: [u64; 4], classes: u64) -> Vec<Value> {
     l
 }
 
-fn resnet50(classes: u64) -> Vec<Value> {
+fn resnet50(classes: u64) -> Vec<Layer> {
     resnet([3, 4, 6, 3], classes)
 }
 
-fn resnet101(classes: u64) -> Vec<Value> {
+fn resnet101(classes: u64) -> Vec<Layer> {
     resnet([3, 4, 23, 3], classes)
 }
 
 // ---- VGG ----
 
 /// torchvision `vgg16`: configuration "D", ReLU(inplace=True), 7x7 adaptive pool.
-fn vgg16(classes: u64) -> Vec<Value> {
+fn vgg16(classes: u64) -> Vec<Layer> {
     const CFG: [u64; 18] = [
         64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0,
     ];
@@ -317,7 +372,7 @@ fn vgg16(classes: u64) -> Vec<Value> {
             l.push(maxpool(2, 2, 0));
         } else {
             l.push(conv(c, v, 3, 1, 1, 1, true));
-            l.push(act("relu", true));
+            l.push(relu(true));
             c = v;
         }
     }
@@ -325,10 +380,10 @@ fn vgg16(classes: u64) -> Vec<Value> {
         adaptive(7),
         flatten(),
         linear(512 * 7 * 7, 4096),
-        act("relu", true),
+        relu(true),
         dropout(0.5, false),
         linear(4096, 4096),
-        act("relu", true),
+        relu(true),
         dropout(0.5, false),
         linear(4096, classes),
     ]);
@@ -338,7 +393,7 @@ fn vgg16(classes: u64) -> Vec<Value> {
 // ---- MobileNet v2 ----
 
 /// torchvision `mobilenet_v2`: inverted residuals with ReLU6(inplace=True).
-fn mobilenet_v2(classes: u64) -> Vec<Value> {
+fn mobilenet_v2(classes: u64) -> Vec<Layer> {
     // (expansion t, channels c, repeats n, stride s)
     const SETTINGS: [(u64, u64, u64, u64); 7] = [
         (1, 16, 1, 1),
@@ -349,7 +404,7 @@ fn mobilenet_v2(classes: u64) -> Vec<Value> {
         (6, 160, 3, 2),
         (6, 320, 1, 1),
     ];
-    let mut l = conv_bn_act(3, 32, 3, 2, 1, 1e-5, "relu6");
+    let mut l = conv_bn_act(3, 32, 3, 2, 1, 1e-5, relu6);
     let mut inp = 32;
     for (t, c, n, s) in SETTINGS {
         for i in 0..n {
@@ -357,11 +412,9 @@ fn mobilenet_v2(classes: u64) -> Vec<Value> {
             let hidden = inp * t;
             let mut body = Vec::new();
             if t != 1 {
-                body.extend(conv_bn_act(inp, hidden, 1, 1, 1, 1e-5, "relu6"));
+                body.extend(conv_bn_act(inp, hidden, 1, 1, 1, 1e-5, relu6));
             }
-            body.extend(conv_bn_act(
-                hidden, hidden, 3, stride, hidden, 1e-5, "relu6",
-            ));
+            body.extend(conv_bn_act(hidden, hidden, 3, stride, hidden, 1e-5, relu6));
             body.extend([conv(hidden, c, 1, 1, 0, 1, false), bn(c, 1e-5)]);
             if stride == 1 && inp == c {
                 l.push(residual(body, vec![]));
@@ -371,7 +424,7 @@ fn mobilenet_v2(classes: u64) -> Vec<Value> {
             inp = c;
         }
     }
-    l.extend(conv_bn_act(inp, 1280, 1, 1, 1, 1e-5, "relu6"));
+    l.extend(conv_bn_act(inp, 1280, 1, 1, 1, 1e-5, relu6));
     l.extend([
         adaptive(1),
         flatten(),
@@ -385,7 +438,7 @@ fn mobilenet_v2(classes: u64) -> Vec<Value> {
 
 /// torchvision `efficientnet_b0`: MBConv blocks with squeeze-and-excitation, SiLU(inplace=True),
 /// batchnorm eps 1e-3.
-fn efficientnet_b0(classes: u64) -> Vec<Value> {
+fn efficientnet_b0(classes: u64) -> Vec<Layer> {
     // (expand ratio, kernel, stride, in, out, layers)
     const STAGES: [(u64, u64, u64, u64, u64, u64); 7] = [
         (1, 3, 1, 32, 16, 1),
@@ -397,7 +450,7 @@ fn efficientnet_b0(classes: u64) -> Vec<Value> {
         (6, 3, 1, 192, 320, 1),
     ];
     const EPS: f64 = 1e-3;
-    let mut l = conv_bn_act(3, 32, 3, 2, 1, EPS, "silu");
+    let mut l = conv_bn_act(3, 32, 3, 2, 1, EPS, silu);
     for (expand, k, s, cin, cout, n) in STAGES {
         for i in 0..n {
             let (inp, stride) = if i == 0 { (cin, s) } else { (cout, 1) };
@@ -405,19 +458,21 @@ fn efficientnet_b0(classes: u64) -> Vec<Value> {
             let squeeze = (inp / 4).max(1);
             let mut body = Vec::new();
             if expanded != inp {
-                body.extend(conv_bn_act(inp, expanded, 1, 1, 1, EPS, "silu"));
+                body.extend(conv_bn_act(inp, expanded, 1, 1, 1, EPS, silu));
             }
             body.extend(conv_bn_act(
-                expanded, expanded, k, stride, expanded, EPS, "silu",
+                expanded, expanded, k, stride, expanded, EPS, silu,
             ));
             // SqueezeExcitation: scale = sigmoid(fc2(silu(fc1(avgpool(x))))); x * scale.
-            body.push(json!({"gate": {"layers": [
-                adaptive(1),
-                conv(expanded, squeeze, 1, 1, 0, 1, true),
-                act("silu", false),
-                conv(squeeze, expanded, 1, 1, 0, 1, true),
-                {"sigmoid": {}},
-            ]}}));
+            body.push(Layer::Gate {
+                layers: typed(vec![
+                    adaptive(1),
+                    conv(expanded, squeeze, 1, 1, 0, 1, true),
+                    silu(false),
+                    conv(squeeze, expanded, 1, 1, 0, 1, true),
+                    Layer::Sigmoid,
+                ]),
+            });
             body.extend([conv(expanded, cout, 1, 1, 0, 1, false), bn(cout, EPS)]);
             if stride == 1 && inp == cout {
                 l.push(residual(body, vec![]));
@@ -426,7 +481,7 @@ fn efficientnet_b0(classes: u64) -> Vec<Value> {
             }
         }
     }
-    l.extend(conv_bn_act(320, 1280, 1, 1, 1, EPS, "silu"));
+    l.extend(conv_bn_act(320, 1280, 1, 1, 1, EPS, silu));
     l.extend([
         adaptive(1),
         flatten(),
@@ -440,24 +495,32 @@ fn efficientnet_b0(classes: u64) -> Vec<Value> {
 
 /// torchvision `BasicConv2d`: conv without bias, batchnorm (eps 1e-3), ReLU in place; kernels
 /// and paddings as (height, width).
-fn basic(cin: u64, cout: u64, k: [u64; 2], stride: u64, pad: [u64; 2]) -> Vec<Value> {
+fn basic(cin: u64, cout: u64, k: [u64; 2], stride: u64, pad: [u64; 2]) -> Vec<Layer> {
     vec![
-        json!({"conv2d": {"in": cin, "out": cout, "kernelSize": k, "stride": stride,
-                          "padding": pad, "bias": false}}),
+        Layer::Conv2d(Conv {
+            input: cin,
+            out: cout,
+            kernel_size: k,
+            stride: [stride; 2],
+            padding: ConvPadding::Each(pad),
+            dilation: [1; 2],
+            groups: 1,
+            bias: false,
+        }),
         bn(cout, 1e-3),
-        act("relu", true),
+        relu(true),
     ]
 }
 
-fn b1(cin: u64, cout: u64) -> Vec<Value> {
+fn b1(cin: u64, cout: u64) -> Vec<Layer> {
     basic(cin, cout, [1, 1], 1, [0, 0])
 }
 
-fn chain(parts: Vec<Vec<Value>>) -> Vec<Value> {
+fn chain(parts: Vec<Vec<Layer>>) -> Vec<Layer> {
     parts.into_iter().flatten().collect()
 }
 
-fn inception_a(cin: u64, pool: u64) -> Value {
+fn inception_a(cin: u64, pool: u64) -> Layer {
     concat(vec![
         b1(cin, 64),
         chain(vec![b1(cin, 48), basic(48, 64, [5, 5], 1, [2, 2])]),
@@ -470,7 +533,7 @@ fn inception_a(cin: u64, pool: u64) -> Value {
     ])
 }
 
-fn inception_b(cin: u64) -> Value {
+fn inception_b(cin: u64) -> Layer {
     concat(vec![
         basic(cin, 384, [3, 3], 2, [0, 0]),
         chain(vec![
@@ -482,7 +545,7 @@ fn inception_b(cin: u64) -> Value {
     ])
 }
 
-fn inception_c(c7: u64) -> Value {
+fn inception_c(c7: u64) -> Layer {
     let (r17, c71) = (([1, 7], [0, 3]), ([7, 1], [3, 0]));
     concat(vec![
         b1(768, 192),
@@ -502,7 +565,7 @@ fn inception_c(c7: u64) -> Value {
     ])
 }
 
-fn inception_d(cin: u64) -> Value {
+fn inception_d(cin: u64) -> Layer {
     concat(vec![
         chain(vec![b1(cin, 192), basic(192, 320, [3, 3], 2, [0, 0])]),
         chain(vec![
@@ -516,14 +579,14 @@ fn inception_d(cin: u64) -> Value {
 }
 
 /// The 1x3 / 3x1 pair whose outputs InceptionE concatenates.
-fn split_13_31() -> Value {
+fn split_13_31() -> Layer {
     concat(vec![
         basic(384, 384, [1, 3], 1, [0, 1]),
         basic(384, 384, [3, 1], 1, [1, 0]),
     ])
 }
 
-fn inception_e(cin: u64) -> Value {
+fn inception_e(cin: u64) -> Layer {
     concat(vec![
         b1(cin, 320),
         chain(vec![b1(cin, 384), vec![split_13_31()]]),
@@ -537,7 +600,7 @@ fn inception_e(cin: u64) -> Value {
 }
 
 /// torchvision `inception_v3` in training mode: the auxiliary head runs on Mixed_6e.
-fn inception_v3(classes: u64) -> Vec<Value> {
+fn inception_v3(classes: u64) -> Vec<Layer> {
     let mut l = chain(vec![
         basic(3, 32, [3, 3], 2, [0, 0]),
         basic(32, 32, [3, 3], 1, [0, 0]),
@@ -563,7 +626,7 @@ fn inception_v3(classes: u64) -> Vec<Value> {
         basic(128, 768, [5, 5], 1, [0, 0]),
         vec![adaptive(1), flatten(), linear(768, classes)],
     ]);
-    l.push(json!({"aux": {"layers": aux}}));
+    l.push(Layer::Aux { layers: typed(aux) });
     l.extend([
         inception_d(768),
         inception_e(1280),
@@ -583,24 +646,38 @@ fn inception_v3(classes: u64) -> Vec<Value> {
 /// token's final state into the head. Attention leaves `flash` unset: torchvision calls
 /// `nn.MultiheadAttention(need_weights=False)`, which runs scaled_dot_product_attention, so
 /// the job's `attention` setting decides.
-fn vit(layers: u64, hidden: u64, heads: u64, mlp: u64, classes: u64) -> Vec<Value> {
-    let ln = || json!({"layernorm": {"eps": 1e-6}});
+fn vit(layers: u64, hidden: u64, heads: u64, mlp: u64, classes: u64) -> Vec<Layer> {
+    let ln = || {
+        Layer::LayerNorm(LayerNorm {
+            dim: None,
+            eps: 1e-6,
+            affine: true,
+        })
+    };
     let mut l = vec![
         conv(3, hidden, 16, 16, 0, 1, true),
-        json!({"tokens": {}}),
-        json!({"classToken": {}}),
-        json!({"positionEmbedding": {}}),
+        Layer::Tokens,
+        Layer::ClassToken,
+        Layer::PositionEmbedding,
     ];
     for _ in 0..layers {
         l.push(residual(
-            vec![ln(), json!({"attention": {"dim": hidden, "heads": heads}})],
+            vec![
+                ln(),
+                Layer::Attention(Attention {
+                    dim: hidden,
+                    heads,
+                    bias: true,
+                    flash: None,
+                }),
+            ],
             vec![],
         ));
         l.push(residual(
             vec![
                 ln(),
                 linear(hidden, mlp),
-                json!({"gelu": {}}),
+                Layer::Gelu { tanh: false },
                 linear(mlp, hidden),
             ],
             vec![],
@@ -608,17 +685,17 @@ fn vit(layers: u64, hidden: u64, heads: u64, mlp: u64, classes: u64) -> Vec<Valu
     }
     l.extend([
         ln(),
-        json!({"selectToken": {"index": 0}}),
+        Layer::SelectToken { index: 0 },
         linear(hidden, classes),
     ]);
     l
 }
 
-fn vit_b_16(classes: u64) -> Vec<Value> {
+fn vit_b_16(classes: u64) -> Vec<Layer> {
     vit(12, 768, 12, 3072, classes)
 }
 
-fn vit_l_16(classes: u64) -> Vec<Value> {
+fn vit_l_16(classes: u64) -> Vec<Layer> {
     vit(24, 1024, 16, 4096, classes)
 }
 

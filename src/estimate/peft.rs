@@ -7,6 +7,12 @@
 use super::arch::{Arch, Mlp};
 use crate::api::{LoraVariant, PeftMethod, TrainingMode, ValidatedJob};
 
+/// An adapter with this many times the prefix's parameters trains more than
+/// the prefix: the only other parameters an adapter trains are norm weights
+/// and per-linear scales and biases (LLaMA-Adapter v2), whose gradients need
+/// the normalised inputs and the linear outputs.
+const ADAPTER_V2_RATIO: f64 = 1.5;
+
 /// PEFT's default number of virtual tokens is the user's; 20 is the value its
 /// documentation and examples use.
 pub const DEFAULT_VIRTUAL_TOKENS: u64 = 20;
@@ -44,6 +50,63 @@ const ADAPTER_PREFIX_LENGTH: f64 = 10.0;
 /// Trainable parameters of one LLaMA-Adapter block: its prefix and a gate per head.
 pub fn llama_adapter_block_parameters(a: &Arch) -> f64 {
     ADAPTER_PREFIX_LENGTH * a.hidden as f64 + a.heads as f64
+}
+
+/// LLaMA-Adapter's prefix in every block of `a.layers`.
+fn prefix_adapter_parameters(a: &Arch) -> f64 {
+    a.layers as f64 * llama_adapter_block_parameters(a)
+}
+
+/// Blocks a prefix adapter keeps activations for. It adapts the top blocks
+/// only (LitGPT starts at block 2); below the first trainable tensor autograd
+/// records nothing, so those blocks keep nothing for backward. The count
+/// follows from the trainable parameters the spec gives.
+fn prefix_adapted_blocks(a: &Arch, trainable: Option<f64>) -> f64 {
+    let layers = a.layers as f64;
+    match trainable {
+        Some(n) => (n / llama_adapter_block_parameters(a).max(1.0))
+            .round()
+            .clamp(1.0, layers),
+        None => layers,
+    }
+}
+
+/// An adapter job that trains more than a prefix would (`ADAPTER_V2_RATIO`
+/// times its parameters) trains norm weights and a scale per linear output
+/// too (LLaMA-Adapter v2 style).
+pub fn adapter_scales_linears(mode: TrainingMode, a: &Arch, trainable: Option<f64>) -> bool {
+    mode == TrainingMode::Adapter
+        && trainable.is_some_and(|n| n > ADAPTER_V2_RATIO * prefix_adapter_parameters(a))
+}
+
+/// Parameters of the full-size copies PEFT's `modules_to_save` trains, on one
+/// rank of a stage (`first` holds the embedding, `last` the head) at tensor
+/// parallelism `tp`.
+///
+/// PEFT's `modules_to_save` wraps the module in a `ModulesToSaveWrapper`
+/// that keeps the frozen original and trains a deep copy
+/// (huggingface/peft src/peft/utils/other.py, `ModulesToSaveWrapper`):
+/// the copy's weights, gradients and optimizer states are the module's
+/// full size. A tied head's copy is its own matrix, untied from the
+/// embedding.
+pub fn modules_to_save_parameters(
+    modules: &[String],
+    a: &Arch,
+    first: bool,
+    last: bool,
+    tp: f64,
+) -> f64 {
+    let (v, h) = (a.vocab as f64, a.hidden as f64);
+    modules
+        .iter()
+        .map(|m| match m.as_str() {
+            // The token embedding (not the position embedding beside it)
+            // and the head: vocab × hidden each.
+            "embed_tokens" if first => v * h / tp,
+            "lm_head" if last => v * h / tp,
+            _ => 0.0,
+        })
+        .sum::<f64>()
 }
 
 fn owned(v: &[&str]) -> Vec<String> {
@@ -110,9 +173,17 @@ impl Peft {
 
     /// Blocks under the first trainable tensor keep nothing for backward;
     /// only LLaMA-Adapter trains in the top blocks alone. Every other method
-    /// has a trainable tensor in (or below) the first block.
-    pub fn trains_top_blocks_only(&self) -> bool {
-        matches!(self, Peft::LlamaAdapter { .. })
+    /// has a trainable tensor in (or below) the first block: `None`.
+    /// LLaMA-Adapter's adapted blocks are its `layers`, or without them as
+    /// many as the spec's trainable parameters make (`prefix_adapted_blocks`).
+    pub fn adapted_top_blocks(&self, a: &Arch, trainable: Option<f64>) -> Option<f64> {
+        match self {
+            Peft::LlamaAdapter {
+                layers: Some(layers),
+            } => Some(*layers as f64),
+            Peft::LlamaAdapter { layers: None } => Some(prefix_adapted_blocks(a, trainable)),
+            _ => None,
+        }
     }
 
     /// The norms' weights train (their normalised input is kept for the weight's gradient).
@@ -127,8 +198,11 @@ impl Peft {
         let kv = (a.kv_heads * a.head_dim) as f64;
         match self {
             Peft::None | Peft::Lora { .. } | Peft::Galore { .. } => 0.0,
-            Peft::LlamaAdapter { layers } => {
-                let blocks = layers.map(|n| n as f64).unwrap_or(l).min(l);
+            // Without `layers`, the prefix of every block of `a.layers`
+            // (the blocks `prefix_adapted_blocks` counts in).
+            Peft::LlamaAdapter { layers: None } => prefix_adapter_parameters(a),
+            Peft::LlamaAdapter { layers: Some(n) } => {
+                let blocks = (*n as f64).min(l);
                 blocks * llama_adapter_block_parameters(a)
             }
             // IA3: one vector per targeted module, as wide as what it scales;

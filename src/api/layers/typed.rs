@@ -194,3 +194,154 @@ impl<'de> serde::Deserialize<'de> for Layer {
         }
     }
 }
+
+#[cfg(test)]
+impl Layer {
+    /// The layer as `spec.model.layers` writes it, every field spelled out: what a user
+    /// writing the same layer would give (tests read it back, and time reading it).
+    pub fn to_json(&self) -> Value {
+        use serde_json::json;
+        let list = |l: &Layers| Value::Array(l.list.iter().map(Layer::to_json).collect());
+        let mut body = Map::new();
+        macro_rules! set {
+            ($k:expr, $v:expr $(,)?) => {{
+                body.insert($k.to_string(), $v);
+            }};
+        }
+        match self {
+            Layer::Linear(l) => {
+                set!("in", json!(l.input));
+                set!("out", json!(l.out));
+                set!("bias", json!(l.bias));
+            }
+            Layer::Conv1d(c) => body.extend(conv_json(c, 1)),
+            Layer::Conv2d(c) => body.extend(conv_json(c, 2)),
+            Layer::BatchNorm(b) => {
+                if let Some(f) = b.features {
+                    set!("features", json!(f));
+                }
+                set!("eps", json!(b.eps));
+                set!("momentum", json!(b.momentum));
+                set!("affine", json!(b.affine));
+                set!("trackRunningStats", json!(b.track_running_stats));
+            }
+            Layer::LayerNorm(l) => {
+                if let Some(d) = l.dim {
+                    set!("dim", json!(d));
+                }
+                set!("eps", json!(l.eps));
+                set!("affine", json!(l.affine));
+            }
+            Layer::GroupNorm(g) => {
+                set!("groups", json!(g.groups));
+                if let Some(c) = g.channels {
+                    set!("channels", json!(c));
+                }
+                set!("eps", json!(g.eps));
+                set!("affine", json!(g.affine));
+            }
+            Layer::Relu { inplace } | Layer::Relu6 { inplace } | Layer::Silu { inplace } => {
+                set!("inplace", json!(inplace));
+            }
+            Layer::LeakyRelu {
+                inplace,
+                negative_slope,
+            } => {
+                set!("inplace", json!(inplace));
+                set!("negativeSlope", json!(negative_slope));
+            }
+            Layer::Gelu { tanh } => set!("approximate", json!(if *tanh { "tanh" } else { "none" })),
+            Layer::MaxPool(p) | Layer::AvgPool(p) => {
+                let fields = [
+                    ("kernelSize", &p.kernel_size),
+                    ("stride", &p.stride),
+                    ("padding", &p.padding),
+                    ("dilation", &p.dilation),
+                    ("ceilMode", &p.ceil_mode),
+                    ("countIncludePad", &p.count_include_pad),
+                ];
+                body.extend(
+                    fields
+                        .into_iter()
+                        .filter_map(|(k, w)| Some((k.to_string(), w.0.clone()?))),
+                );
+            }
+            Layer::AdaptiveAvgPool { output_size } => {
+                if let Some(v) = &output_size.0 {
+                    set!("outputSize", v.clone());
+                }
+            }
+            Layer::Dropout { p, inplace } => {
+                set!("p", json!(p));
+                set!("inplace", json!(inplace));
+            }
+            Layer::Embedding(e) => {
+                set!("vocab", json!(e.vocab));
+                set!("dim", json!(e.dim));
+                if let Some(i) = e.padding_idx {
+                    set!("paddingIdx", json!(i));
+                }
+            }
+            Layer::Residual { layers, shortcut } => {
+                set!("layers", list(layers));
+                set!("shortcut", list(shortcut));
+            }
+            Layer::Concat { branches, dim } => {
+                set!(
+                    "branches",
+                    Value::Array(branches.iter().map(list).collect())
+                );
+                set!("dim", json!(dim));
+            }
+            Layer::Gate { layers } | Layer::Aux { layers } => set!("layers", list(layers)),
+            Layer::Attention(a) => {
+                set!("dim", json!(a.dim));
+                set!("heads", json!(a.heads));
+                set!("bias", json!(a.bias));
+                if let Some(f) = a.flash {
+                    set!("flash", json!(f));
+                }
+            }
+            Layer::SelectToken { index } => set!("index", json!(index)),
+            Layer::Sigmoid
+            | Layer::Tanh
+            | Layer::Softmax
+            | Layer::Flatten
+            | Layer::Tokens
+            | Layer::ClassToken
+            | Layer::PositionEmbedding => {}
+        }
+        let mut m = Map::new();
+        m.insert(self.kind().to_string(), Value::Object(body));
+        Value::Object(m)
+    }
+}
+
+/// A convolution's fields as written, `n` spatial axes: a size both axes share as one
+/// integer.
+#[cfg(test)]
+fn conv_json(c: &Conv, n: usize) -> Map<String, Value> {
+    use serde_json::json;
+    let spatial = |a: [u64; 2]| match (n, a[0] == a[1]) {
+        (_, true) => json!(a[0]),
+        (1, false) => json!([a[0]]),
+        _ => json!(a),
+    };
+    let padding = match c.padding {
+        ConvPadding::Same => json!("same"),
+        ConvPadding::Each(p) => spatial(p),
+    };
+    [
+        ("in", json!(c.input)),
+        ("out", json!(c.out)),
+        ("kernelSize", spatial(c.kernel_size)),
+        ("stride", spatial(c.stride)),
+        ("padding", padding),
+        ("dilation", spatial(c.dilation)),
+        ("groups", json!(c.groups)),
+        ("bias", json!(c.bias)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}

@@ -186,11 +186,31 @@ fn input_too_small_is_an_input_shape_error() {
     );
 }
 
+/// The presets' typed layers are what reading the same layers written out gives, and
+/// analyse to the same stack: a user who writes a preset's list gets the preset's estimate.
+#[test]
+fn written_out_every_preset_reads_back_to_its_layers_and_stack() {
+    for p in &PRESETS {
+        let typed = p.layers(p.num_classes);
+        let written: Vec<serde_json::Value> = typed.iter().map(Layer::to_json).collect();
+        let read = layers::read(&written, p.name).unwrap_or_else(|e| panic!("{}: {e:?}", p.name));
+        assert_eq!(read, typed, "{}", p.name);
+        let from_written = layers::analyze_at(&written, p.input_shape, p.name)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", p.name));
+        assert_eq!(from_written, stack(p.name), "{}", p.name);
+    }
+}
+
 /// How long one analysis of a ResNet-50-sized `layers` list takes (the webhook validates
-/// on every admission).
+/// on every admission): the preset's layers written out as a user would write them.
 #[test]
 fn resnet50_analysis_time() {
-    let layers = find("resnet-50").expect("preset").layers(1000);
+    let layers: Vec<serde_json::Value> = find("resnet-50")
+        .expect("preset")
+        .layers(1000)
+        .iter()
+        .map(Layer::to_json)
+        .collect();
     let n = 200;
     let t = std::time::Instant::now();
     for _ in 0..n {

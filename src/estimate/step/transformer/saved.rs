@@ -1,0 +1,234 @@
+//! What a transformer stage's blocks keep for backward, and what they hold
+//! for a moment while they run (the temporaries).
+
+use super::weights::Weights;
+use super::{Setting, uncheckpointed_share};
+use crate::api::arch::{Kind, Mlp};
+use crate::api::{Checkpointing, PipelineSchedule, Quantization, TrainingMode};
+use crate::estimate::activations::{self, ActContext};
+use crate::estimate::bounds;
+use crate::estimate::peft;
+use crate::estimate::stacks::QuantLibrary;
+use crate::estimate::step::quant;
+
+/// The blocks' saved tensors, in bytes unless named.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Saved {
+    /// Bytes per token of one whole block (what a recomputed block holds).
+    pub(super) full_block: f64,
+    /// Encoder (or decoder-only) blocks and decoder blocks of the stage.
+    pub(super) enc_blocks: f64,
+    pub(super) dec_blocks: f64,
+    /// Tokens the decoder of an encoder-decoder runs over (else `tokens`).
+    pub(super) target_tokens: f64,
+    /// Every micro-batch in flight's saved tensors.
+    pub(super) activations: f64,
+    /// One whole block's activations.
+    pub(super) layer_activations: f64,
+    /// What backward of a checkpointed block recomputes (0 without checkpointing).
+    pub(super) recompute: f64,
+}
+
+/// What the activation model reads of the job and the stack.
+pub(super) fn act_context<'a>(st: &'a Setting) -> ActContext<'a> {
+    let (job, t, profile, ends, arch) = (st.job, st.t, st.profile, st.ends, st.arch);
+    let lora_targets = peft::lora_targets(job);
+    ActContext {
+        elem: st.elem,
+        mixed: st.mixed,
+        weights_trainable: t.mode == TrainingMode::Full,
+        quantized: job.quantization != Quantization::None,
+        // bitsandbytes' and AWQ's autograd Functions save the input; GPTQ's
+        // torch kernel saves the dequantized weight instead (`saved`'s
+        // `block_dequant`).
+        quantized_input_saved: match job.quantization {
+            Quantization::Gptq => false,
+            Quantization::Awq => true,
+            _ => profile.quantization == QuantLibrary::Bitsandbytes,
+        },
+        quantized_input_bytes: bounds::quantized_input_bytes(ends),
+        frozen_linear_saves_input: profile.frozen_linear_saves_input,
+        lora_dropout_per_module: profile.lora_dropout_per_module,
+        peft: &st.method,
+        checkpoint_every: t.checkpoint_every.unwrap_or(1).max(1) as f64,
+        attention: t.attention,
+        sdpa_math: bounds::sdpa_math_fallback(
+            ends,
+            job,
+            arch,
+            profile.own_loss,
+            st.gpu.architecture,
+        ),
+        compiled: bounds::compiled_activations(ends, job, arch),
+        sequence: st.s / st.cp,
+        tensor_parallel: st.tp,
+        sequence_parallel: st.p.sequence_parallel,
+        lora_rank: job.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0),
+        lora_targets,
+        lora_dropout: job.lora.as_ref().is_some_and(|l| l.dropout > 0.0),
+        scaled_linears: peft::adapter_scales_linears(t.mode, arch, t.trainable_parameters),
+        act: activations::act_under(arch, profile.own_loss),
+    }
+}
+
+/// The saved tensors of every block of the stage, times the micro-batches
+/// in flight.
+pub(super) fn saved(st: &Setting, w: &Weights, ctx: &ActContext) -> Saved {
+    let (t, arch, tokens, elem, tp) = (st.t, st.arch, st.tokens, st.elem, st.tp);
+    let full_block = activations::block_bytes_per_token(arch, ctx, false);
+    let kept_enc = activations::kept_bytes_per_token(arch, ctx, t.gradient_checkpointing, false);
+    let kept_dec = activations::kept_bytes_per_token(arch, ctx, t.gradient_checkpointing, true);
+    let enc_blocks = arch.layers as f64 * st.stage_share;
+    let dec_blocks = arch.decoder_layers as f64 * st.stage_share;
+    let kept_enc_blocks = kept_encoder_blocks(st, ctx, enc_blocks);
+    // An encoder-decoder's decoder runs over the target tokens; its
+    // cross-attention keeps the encoder's projected keys and values, one
+    // per source token, in every decoder block that is not checkpointed.
+    let target_tokens = if arch.kind == Kind::EncoderDecoder {
+        t.target_length.map_or(tokens, |l| st.b * l as f64 / st.cp)
+    } else {
+        tokens
+    };
+    let cross_kv =
+        if arch.kind == Kind::EncoderDecoder && t.gradient_checkpointing == Checkpointing::None {
+            (tokens - target_tokens) * elem * 2.0 * (arch.kv_heads * arch.head_dim) as f64 / tp
+        } else {
+            0.0
+        };
+    let mut per_microbatch = (tokens * kept_enc_blocks * kept_enc
+        + dec_blocks * (target_tokens * kept_dec + cross_kv))
+        * bounds::saved_activations_share(st.ends);
+    if st.last {
+        per_microbatch += tokens * activations::final_norm_bytes_per_token(arch, ctx);
+    }
+    // A GPTQ kernel that dequantizes with tracked tensor ops keeps each
+    // quantized linear's 16-bit weight for backward
+    // (`bounds::dequantized_saved_share`): a block's worth in every block
+    // that is not checkpointed, and in the block being recomputed.
+    let block_dequant = if st.inference {
+        0.0
+    } else {
+        bounds::dequantized_saved_share(st.ends, st.job.quantization)
+            * st.counts.block_linear as f64
+            / tp
+            * elem
+    };
+    let dequant_kept_share = uncheckpointed_share(t);
+    per_microbatch += block_dequant * (kept_enc_blocks + dec_blocks) * dequant_kept_share;
+    if t.activation_offloading && t.gradient_checkpointing != Checkpointing::None {
+        // Checkpointed inputs go to host memory; two blocks' stay for prefetch.
+        per_microbatch =
+            per_microbatch.min(2.0 * tokens * activations::block_input_bytes_per_token(arch, ctx));
+    }
+    let activations = per_microbatch * in_flight(st);
+    // During backward of a checkpointed block, that block is recomputed whole.
+    let layer_activations = tokens * full_block;
+    let recompute = if t.gradient_checkpointing == Checkpointing::None {
+        0.0
+    } else {
+        // The recomputed block, with its autocast weight casts.
+        let casts = if st.mixed && st.zero < 3 && st.strategy_is_torch && w.quant.is_none() {
+            st.block_gathered
+        } else {
+            0.0
+        };
+        layer_activations + casts + block_dequant
+    };
+    Saved {
+        full_block,
+        enc_blocks,
+        dec_blocks,
+        target_tokens,
+        activations,
+        layer_activations,
+        recompute,
+    }
+}
+
+/// Encoder (or decoder-only) blocks that keep activations. A prefix adapter
+/// on one stage: the blocks under the first adapted one keep nothing (with
+/// pipeline stages every block is counted, the safe side).
+pub(super) fn kept_encoder_blocks(st: &Setting, ctx: &ActContext, enc_blocks: f64) -> f64 {
+    let adapted = if st.t.mode == TrainingMode::Adapter
+        && !ctx.scaled_linears
+        && st.pp <= 1.0
+        && st.arch.kind == Kind::Decoder
+    {
+        st.method
+            .adapted_top_blocks(st.arch, st.t.trainable_parameters)
+    } else {
+        None
+    };
+    adapted.map_or(enc_blocks, |n| n.min(enc_blocks))
+}
+
+/// Micro-batches in flight on this stage.
+pub(super) fn in_flight(st: &Setting) -> f64 {
+    let (p, pp) = (st.p, st.pp);
+    if pp > 1.0 && st.first {
+        let m = st.job.gradient_accumulation_steps.max(1) as f64;
+        match p.pipeline_schedule {
+            PipelineSchedule::Gpipe => m,
+            PipelineSchedule::OneFOneB => pp.min(m.max(pp)),
+            PipelineSchedule::Interleaved1f1b => {
+                let vs = p.virtual_stages.max(1) as f64;
+                pp * (1.0 + (pp - 1.0) / (pp * vs))
+            }
+        }
+    } else {
+        1.0
+    }
+}
+
+/// What one block holds for a moment while it runs, in bytes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Temporaries {
+    pub(super) forward: f64,
+    pub(super) backward: f64,
+    /// While the loss and head run backward.
+    pub(super) head: f64,
+    /// The largest quantized linear's dequantized weight, in forward and in backward.
+    pub(super) dequant: f64,
+    pub(super) dequant_backward: f64,
+}
+
+/// One block's temporaries in forward and in backward, where backward
+/// includes `recompute` (a checkpointed block run again).
+pub(super) fn temporaries(st: &Setting, ctx: &ActContext, recompute: f64) -> Temporaries {
+    let (t, arch, tokens, elem, tp) = (st.t, st.arch, st.tokens, st.elem, st.tp);
+    let (i_width, largest_matrix, r) = (st.i_width, st.largest_matrix, &st.r);
+    let (dequant, dequant_backward) = quant::transients(
+        st.job,
+        st.profile.quantization,
+        t.precision,
+        largest_matrix,
+        st.b,
+    );
+    let mlp_planes = match arch.mlp {
+        Mlp::Gated => 3.0,
+        Mlp::Standard => 2.0,
+    };
+    let forward = tokens * elem * bounds::forward_temporaries(st.ends, i_width, mlp_planes)
+        + dequant
+        + st.method.forward_transient(arch, elem, ctx.lora_targets) / tp;
+    // Gradients of one block's largest activations plus a weight gradient
+    // buffer before it is accumulated.
+    let weight_grad_temp = if t.mode == TrainingMode::Full {
+        largest_matrix * r.grad
+    } else {
+        0.0
+    };
+    let scores_grad = activations::scores_grad(arch, ctx, tp);
+    let backward =
+        tokens * elem * bounds::backward_temporaries(st.ends, i_width, st.h, scores_grad)
+            + dequant_backward
+            + weight_grad_temp
+            + recompute;
+    Temporaries {
+        forward,
+        backward,
+        head: dequant + weight_grad_temp,
+        dequant,
+        dequant_backward,
+    }
+}

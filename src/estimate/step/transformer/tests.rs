@@ -1,0 +1,146 @@
+//! The parts of a transformer stage, each called on its own.
+
+use super::*;
+use crate::api::{ResolvedModel, test_job as job};
+use crate::estimate::bounds::{End, Mechanism};
+use crate::estimate::{gpus, stacks};
+
+const POINT: Ends = Ends::all(End::Point);
+
+fn arch(j: &ValidatedJob) -> Arch {
+    match &j.model {
+        ResolvedModel::Transformer(a) => *a,
+        _ => panic!("the test job is a transformer"),
+    }
+}
+
+/// The stack profile the estimator tries first for `j`.
+fn profile(j: &ValidatedJob) -> Profile {
+    stacks::profiles(j)[0]
+}
+
+/// `f` over the one-stage setting of `j` at `ends` under `profile`.
+fn with<T>(j: &ValidatedJob, profile: &Profile, ends: &Ends, f: impl FnOnce(&Setting) -> T) -> T {
+    let a = arch(j);
+    let gpu = gpus::find("h100-80gb").expect("h100-80gb is in the catalog");
+    f(&Setting::new(j, gpu, &a, true, true, profile, ends))
+}
+
+#[test]
+fn zero3_gathers_two_blocks_at_the_point_and_three_at_the_high_end() {
+    let j =
+        job("model: {preset: llama-3-8b}\nparallelism: {gpus: 8, strategy: fsdp, zeroStage: 3}\n");
+    let p = Profile {
+        unsharded_stage_under_pp: false,
+        frozen_units_stay_unsharded: false,
+        ..profile(&j)
+    };
+    let stored = with(&j, &p, &POINT, |st| {
+        let w = weights::weights(st);
+        assert_eq!(w.weight_transient, 2.0 * st.block_gathered);
+        // No autocast casts under ZeRO-3: the gathered blocks are the copies.
+        assert_eq!(w.casts, 0.0);
+        w.weights
+    });
+    let high = Ends::point_but(Mechanism::ShardGather, End::High);
+    with(&j, &p, &high, |st| {
+        let w = weights::weights(st);
+        assert_eq!(w.weight_transient, 3.0 * st.block_gathered);
+        assert_eq!(w.weights, stored);
+    });
+    // Unsharded, the same model stores eight times as much.
+    let one = job("model: {preset: llama-3-8b}\n");
+    let whole = with(&one, &profile(&one), &POINT, |st| {
+        weights::weights(st).weights
+    });
+    assert_eq!(whole, stored * 8.0);
+}
+
+#[test]
+fn a_prefix_adapter_keeps_activations_in_its_adapted_blocks_only() {
+    let layered = job(
+        "model: {preset: llama-3-8b}\ntraining: {mode: adapter, peft: {method: llama-adapter, layers: 8}}\n",
+    );
+    with(&layered, &profile(&layered), &POINT, |st| {
+        let ctx = saved::act_context(st);
+        assert_eq!(saved::kept_encoder_blocks(st, &ctx, 32.0), 8.0);
+    });
+    // Trained norms and linear scales (LLaMA-Adapter v2): every block keeps its
+    // tensors, as LoRA's do.
+    let v2 = job(
+        "model: {preset: llama-3-8b}\ntraining: {mode: adapter, trainableParameters: 50000000}\n",
+    );
+    with(&v2, &profile(&v2), &POINT, |st| {
+        let ctx = saved::act_context(st);
+        assert!(ctx.scaled_linears);
+        assert_eq!(saved::kept_encoder_blocks(st, &ctx, 32.0), 32.0);
+    });
+    let lora = job("model: {preset: llama-3-8b}\ntraining: {mode: lora}\n");
+    with(&lora, &profile(&lora), &POINT, |st| {
+        let ctx = saved::act_context(st);
+        assert_eq!(saved::kept_encoder_blocks(st, &ctx, 32.0), 32.0);
+    });
+}
+
+#[test]
+fn pipeline_schedules_keep_their_micro_batches_in_flight() {
+    let spec = |schedule: &str| {
+        job(&format!(
+            "model: {{preset: llama-3-8b}}\ntraining: {{globalBatchSize: 64}}\nparallelism: {{gpus: 16, strategy: megatron, tensorParallel: 2, pipelineParallel: 4, pipelineSchedule: {schedule}}}\n",
+        ))
+    };
+    // 64 samples over 2 data-parallel ranks at micro-batch 1: 32 micro-batches.
+    let gpipe = spec("gpipe");
+    assert_eq!(
+        with(&gpipe, &profile(&gpipe), &POINT, saved::in_flight),
+        32.0
+    );
+    let one_f_one_b = spec("1f1b");
+    assert_eq!(
+        with(
+            &one_f_one_b,
+            &profile(&one_f_one_b),
+            &POINT,
+            saved::in_flight
+        ),
+        4.0
+    );
+}
+
+#[test]
+fn the_loss_keeps_three_fp32_planes_beyond_the_held_logits() {
+    let j = job("model: {preset: llama-3-8b}\ntraining: {sequenceLength: 1024}\n");
+    with(&j, &profile(&j), &POINT, |st| {
+        let l = head::logits(st, st.tokens);
+        let plane = st.tokens * st.vocab_rank;
+        assert_eq!(l.logit_tokens, 1024.0);
+        assert_eq!(l.backward - l.kept, 12.0 * plane);
+        assert!(l.forward > l.kept);
+    });
+    // A stage without the head has no logits.
+    let a = arch(&j);
+    let gpu = gpus::find("h100-80gb").expect("h100-80gb is in the catalog");
+    let p = profile(&j);
+    let first = Setting::new(&j, gpu, &a, true, false, &p, &POINT);
+    let l = head::logits(&first, first.tokens);
+    assert_eq!((l.forward, l.backward, l.kept), (0.0, 0.0, 0.0));
+}
+
+#[test]
+fn generation_holds_the_cache_at_its_full_length_for_the_last_token() {
+    let j = job(
+        "model: {preset: llama-3-8b}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 24}}\n",
+    );
+    with(&j, &profile(&j), &POINT, |st| {
+        let d = inference::decode(st, 32.0);
+        // Llama-3-8B: 8 KV heads of 128 at 2 bytes, K and V, 32 blocks.
+        let per_position = 32.0 * 2.0 * 8.0 * 128.0 * 2.0;
+        assert_eq!(d.kv_cache, per_position * 1000.0);
+        assert_eq!(d.kv_decode, per_position * 1024.0);
+        assert_eq!(d.decode_temp, per_position / 32.0 / 2.0 * 1024.0);
+    });
+    let training = job("model: {preset: llama-3-8b}\n");
+    with(&training, &profile(&training), &POINT, |st| {
+        assert_eq!(inference::decode(st, 32.0), inference::Decode::default());
+    });
+}
