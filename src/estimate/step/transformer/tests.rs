@@ -27,6 +27,30 @@ fn with<T>(j: &ValidatedJob, profile: &Profile, ends: &Ends, f: impl FnOnce(&Set
 }
 
 #[test]
+fn deepspeed_zero3_keeps_the_head_and_prefetches_a_module() {
+    // Llama-3-8B's head (128256 x 4096 = 5.25e8 elements) is the only module
+    // kept from forward into backward (1e9 reuse distance); backward's first
+    // prefetch takes the last block's down projection whole (5.9e7 elements,
+    // DeepSpeed's 5e7 bucket). Not FSDP's two whole blocks.
+    let j = job(
+        "model: {preset: llama-3-8b}\nparallelism: {gpus: 8, strategy: deepspeed, zeroStage: 3}\n",
+    );
+    let p = profile(&j);
+    let (h, vocab, ff) = (4096.0, 128256.0, 14336.0);
+    with(&j, &p, &POINT, |st| {
+        let w = weights::weights(st);
+        assert_eq!(w.weight_transient, (vocab * h + ff * h) * st.elem);
+        assert_ne!(w.weight_transient, 2.0 * st.block_gathered);
+    });
+    // The low end: nothing prefetched yet, the head alone (the embedding,
+    // gathered at backward's end, is as large).
+    let low = Ends::point_but(Mechanism::ShardGather, End::Low);
+    with(&j, &p, &low, |st| {
+        assert_eq!(weights::weights(st).weight_transient, vocab * h * st.elem);
+    });
+}
+
+#[test]
 fn zero3_gathers_two_blocks_at_the_point_and_three_at_the_high_end() {
     let j =
         job("model: {preset: llama-3-8b}\nparallelism: {gpus: 8, strategy: fsdp, zeroStage: 3}\n");

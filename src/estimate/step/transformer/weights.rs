@@ -4,10 +4,11 @@
 
 use super::{Setting, loss_chunk_tokens, uncheckpointed_share};
 use crate::api::params;
-use crate::api::{Loss, Offload, TrainingMode};
+use crate::api::{Loss, Offload, Stack, Strategy, TrainingMode};
 use crate::estimate::bounds;
 use crate::estimate::peft;
 use crate::estimate::step::quant::quantized_bytes;
+use crate::estimate::zero3;
 
 /// The stage's weights and their transient copies, in bytes unless named.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -115,7 +116,8 @@ pub(super) fn trainable(st: &Setting, stage_params: f64) -> f64 {
     }
 }
 
-/// ZeRO-3 / FSDP full shard: parameters sharded, one or two blocks gathered;
+/// ZeRO-3 / FSDP full shard: parameters sharded, two or three blocks
+/// gathered (FSDP) or DeepSpeed's modules kept and prefetched;
 /// offloaded parameters: only gathered blocks are on the GPU.
 pub(super) fn gathers(st: &Setting, w: &mut Weights) {
     let (profile, block_gathered) = (st.profile, st.block_gathered);
@@ -126,7 +128,14 @@ pub(super) fn gathers(st: &Setting, w: &mut Weights) {
         // The block being computed plus the prefetched next one; every block
         // of the stage where FSDP keeps them gathered between a stage's
         // forward and its backward (`Profile::unsharded_stage_under_pp`).
-        w.weight_transient += if profile.unsharded_stage_under_pp {
+        w.weight_transient += if st.p.strategy == Strategy::Deepspeed {
+            // DeepSpeed gathers module by module, prefetches by a bucket of
+            // elements and keeps forward's last modules (the head always)
+            // into backward (`zero3`): not FSDP's whole blocks.
+            let trace = zero3::Trace::of(st.arch, &st.counts, st.stage_blocks, st.first, st.last);
+            let hf_auto = st.t.stack == Some(Stack::HfTrainer);
+            zero3::deepspeed_gathered(&trace, st.h, hf_auto, st.ends) / st.tp * st.elem
+        } else if profile.unsharded_stage_under_pp {
             block_gathered * st.stage_blocks.max(gathered)
         } else {
             gathered * block_gathered
