@@ -184,6 +184,8 @@ async fn each_kind_is_judged_and_advice_is_in_its_own_knobs() {
     let m = message(&r);
     assert!(m.starts_with("Job lora-llama-3-1-8b needs "), "{m}");
     assert!(m.contains("biggest GPU in this cluster"), "{m}");
+    // The advice after the numbers is a sentence of its own.
+    assert!(m.contains(" usable. Does not fit "), "{m}");
     // Where it was read, without an empty list after it.
     assert!(
         m.ends_with("Read from the vramguard.io/training annotation."),
@@ -196,7 +198,10 @@ async fn each_kind_is_judged_and_advice_is_in_its_own_knobs() {
     assert_eq!(r["allowed"], false, "{r}");
     let m = message(&r);
     assert!(m.starts_with("JobSet tune-llama-3-1-8b-lora needs "), "{m}");
-    assert!(m.contains("no GPU product here has 8 GPUs"), "{m}");
+    assert!(
+        m.contains("no GPU product here has 8 GPUs. Read from the torchtune command line"),
+        "a sentence before where it was read: {m}"
+    );
     // Held to a product the cluster does not have at all: not judged, said.
     let pod = "/spec/replicatedJobs/0/template/spec/template/spec";
     jobset.pointer_mut(pod).unwrap()["affinity"] = json!(null);
@@ -218,6 +223,12 @@ async fn each_kind_is_judged_and_advice_is_in_its_own_knobs() {
     assert!(
         w.contains("did not judge this Job") && w.contains("vramguard.io/training"),
         "{w}"
+    );
+    // Whole, in as many warnings as it takes: none cut short.
+    assert!(
+        warnings(&r).iter().all(|l| !l.ends_with("...")),
+        "{:?}",
+        warnings(&r)
     );
 
     // A Job asking no GPU: allowed without a word.

@@ -514,8 +514,13 @@ fn rejected(
         }
     }
     if let Some(adv) = advice {
+        // The advice is a sentence of its own here: it starts with a capital.
         msg.push_str(". ");
-        msg.push_str(&adv.message);
+        let mut chars = adv.message.chars();
+        if let Some(first) = chars.next() {
+            msg.extend(first.to_uppercase());
+            msg.push_str(chars.as_str());
+        }
     }
     Judgement::Deny {
         reason: Reason::NoFit,

@@ -79,10 +79,9 @@ fn allowed(reason: Reason, warnings: Vec<String>) -> Decision {
     Decision {
         allowed: true,
         status: Status::default(),
-        warnings: warnings
-            .into_iter()
-            .map(|w| cut(ascii(w), MAX_WARNING))
-            .collect(),
+        // Split, not cut: a warning cut short loses the why (the not-judged reason, the
+        // busy GPUs) that the user needs to act on it.
+        warnings: warnings.iter().flat_map(|w| as_warnings(w)).collect(),
         verdict: Verdict::Allowed,
         reason,
     }
@@ -382,12 +381,23 @@ pub fn assess(kind: Kind, obj: &Value, snapshot: &Snapshot, now: Timestamp) -> A
     match j2 {
         Judgement::Deny {
             reason, message, ..
-        } => denied(reason, format!("{who}{message} {read_from}")),
+        } => denied(reason, format!("{who}{} {read_from}", sentence(message))),
         Judgement::Allow { reason, warnings } => Assessment::Allowed { reason, warnings },
         Judgement::Invalid { message } => {
             denied(Reason::InvalidSpec, format!("{who} is invalid: {message}"))
         }
     }
+}
+
+/// `message` ending in a full stop, so that the next sentence ("Read from ...") starts
+/// as one.
+fn sentence(mut message: String) -> String {
+    let end = message.trim_end().len();
+    message.truncate(end);
+    if !message.ends_with(['.', '!', '?']) {
+        message.push('.');
+    }
+    message
 }
 
 /// Why no GPU can take the job: none of its products or MIG slice reports to vramguard.
@@ -454,6 +464,41 @@ mod tests {
         assert!(w.len() > 1);
         assert!(w.iter().all(|l| l.len() <= MAX_WARNING && l.is_ascii()));
         assert_eq!(w.join(" ").split_whitespace().count(), 100);
+    }
+
+    #[test]
+    fn a_long_warning_is_split_whole_not_cut() {
+        let why = "no vramguard.io/training annotation and no trainer command vramguard reads \
+                   (accelerate launch or torchrun with a Transformers or TRL script, tune run, \
+                   litgpt finetune): add the annotation with the model and the recipe";
+        let d = Assessment::NotJudged {
+            why: why.to_string(),
+            tell: true,
+        }
+        .decision(Kind::Job);
+        assert!(d.allowed);
+        assert!(d.warnings.len() > 1, "{:?}", d.warnings);
+        assert!(
+            d.warnings
+                .iter()
+                .all(|w| w.len() <= MAX_WARNING && !w.ends_with("...")),
+            "{:?}",
+            d.warnings
+        );
+        assert_eq!(
+            d.warnings.join(" "),
+            format!("vramguard did not judge this Job: {why}")
+        );
+    }
+
+    #[test]
+    fn a_denial_ends_its_sentence_before_saying_where_it_read() {
+        assert_eq!(
+            sentence("no GPU product here has 8 GPUs".into()),
+            "no GPU product here has 8 GPUs."
+        );
+        assert_eq!(sentence("over more ranks) ".into()), "over more ranks).");
+        assert_eq!(sentence("already ended.".into()), "already ended.");
     }
 
     #[test]

@@ -305,6 +305,49 @@ pub async fn point_webhook_at(client: &Client, port: u16, ca_pem: &str) {
     assert_eq!(patched.status, 200, "{}", patched.body);
 }
 
+/// Points every webhook of the chart's configuration (TrainingJobs and the workload kinds'
+/// Deny, Warn and Audit) at a `vramguard serve` on loopback, each at its own path (the
+/// chart's `service.path`): `clientConfig` only, as [`point_webhook_at`] does for the first.
+pub async fn point_webhooks_at(client: &Client, port: u16, ca_pem: &str) {
+    let path = webhook_configuration_path();
+    let installed = send(
+        client,
+        http::Method::GET,
+        &path,
+        JSON,
+        &serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(installed.status, 200, "{}", installed.body);
+    let hooks = installed.body["webhooks"].as_array().expect("webhooks");
+    let patch: Vec<serde_json::Value> = hooks
+        .iter()
+        .enumerate()
+        .map(|(i, hook)| {
+            let service_path = hook["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap_or_else(|| panic!("webhook {i} is not called through its Service: {hook}"));
+            serde_json::json!({
+                "op": "replace",
+                "path": format!("/webhooks/{i}/clientConfig"),
+                "value": {
+                    "url": format!("https://127.0.0.1:{port}{service_path}"),
+                    "caBundle": k8s_openapi::ByteString(ca_pem.as_bytes().to_vec()),
+                }
+            })
+        })
+        .collect();
+    let patched = send(
+        client,
+        http::Method::PATCH,
+        &path,
+        "application/json-patch+json",
+        &serde_json::Value::Array(patch),
+    )
+    .await;
+    assert_eq!(patched.status, 200, "{}", patched.body);
+}
+
 /// Namespace `ns` with `labels`, created if missing.
 pub async fn namespace(client: &Client, ns: &str, labels: serde_json::Value) {
     let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
