@@ -316,7 +316,7 @@ mod tests {
         // the block before's down projection, whole modules until the bucket
         // is passed: 2 × 4096² + 11008 × 4096.
         assert_eq!(pre, 2.0 * 4096.0 * 4096.0 + 11008.0 * 4096.0);
-        assert!(pre >= PREFETCH_BUCKET && pre < PREFETCH_BUCKET + 11008.0 * 4096.0);
+        assert!((PREFETCH_BUCKET..PREFETCH_BUCKET + 11008.0 * 4096.0).contains(&pre));
         let g = t.gathered(REUSE_DISTANCE, PREFETCH_BUCKET, MAX_LIVE);
         assert_eq!(g.turn, kept + pre);
         assert_eq!(g.backward_end, t.embedding);
