@@ -237,3 +237,50 @@ fn mig_slices_take_single_gpu_jobs() {
     let out = place_with(&request(2, 2), &nodes, &[], &mut need_gib(8));
     assert!(matches!(out, PlaceOutcome::Reject { .. }), "{out:?}");
 }
+
+#[test]
+fn a_wait_names_gpus_and_nodes_in_plain_words() {
+    // Four nodes of one GPU each; only "a" has room now, with both its GPUs.
+    let nodes = vec![
+        node("a", vec![gpu(0, 80, 70), gpu(1, 80, 70)]),
+        node("b", vec![gpu(0, 80, 10)]),
+        node("c", vec![gpu(0, 80, 10)]),
+        node("d", vec![gpu(0, 80, 10)]),
+    ];
+    match place_with(&request(4, 1), &nodes, &[], &mut need_gib(30)) {
+        PlaceOutcome::Wait { reason } => {
+            assert!(
+                reason.contains("4 nodes of 1 GPU each (30.0 GiB per GPU)"),
+                "{reason}"
+            );
+            assert!(reason.contains("(1 of 4 nodes have room)"), "{reason}");
+            // The best node has more than a node needs: nothing to say of it.
+            assert!(!reason.contains("the best"), "{reason}");
+            assert!(!reason.contains("GPU(s)"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // One node of four GPUs wanted; the node has room on three of them.
+    let nodes = vec![node(
+        "a",
+        vec![
+            gpu(0, 80, 70),
+            gpu(1, 80, 70),
+            gpu(2, 80, 70),
+            gpu(3, 80, 10),
+        ],
+    )];
+    match place_with(&request(4, 4), &nodes, &[], &mut need_gib(30)) {
+        PlaceOutcome::Wait { reason } => {
+            assert!(
+                reason.contains("4 GPUs on one node (30.0 GiB per GPU)"),
+                "{reason}"
+            );
+            assert!(
+                reason.contains("the best, a, has room on 3 of the 4 GPUs a node needs"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

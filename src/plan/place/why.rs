@@ -42,6 +42,15 @@ fn list(names: &[&str]) -> String {
     s
 }
 
+/// "1 GPU", "8 GPUs".
+fn gpus(n: usize) -> String {
+    if n == 1 {
+        "1 GPU".to_string()
+    } else {
+        format!("{n} GPUs")
+    }
+}
+
 /// Wait (when `later` names nodes that would hold the job once empty) or Reject.
 pub(super) fn explain(
     t: &Tally<'_>,
@@ -56,9 +65,12 @@ pub(super) fn explain(
         None => "an unknown amount per GPU".to_string(),
     };
     let shape = if nodes_needed > 1 {
-        format!("{nodes_needed} nodes with {ranks_per_node} GPUs of {need} each")
+        format!(
+            "{nodes_needed} nodes of {} each ({need})",
+            gpus(ranks_per_node)
+        )
     } else {
-        format!("{ranks_per_node} GPU(s) of {need} on one node")
+        format!("{} on one node ({need})", gpus(ranks_per_node))
     };
     let mut skipped = Vec::new();
     if !t.stale.is_empty() {
@@ -94,9 +106,12 @@ pub(super) fn explain(
     };
     let mut now = Vec::new();
     if t.eligible > 0 {
-        if let Some((k, node)) = t.best.filter(|b| b.0 > 0) {
+        // A node short of GPUs with room; a node with enough for its ranks
+        // leaves the count of such nodes (`room`) to say what is short.
+        if let Some((k, node)) = t.best.filter(|b| b.0 > 0 && b.0 < ranks_per_node) {
             now.push(format!(
-                "the best, {node}, has {k} of {ranks_per_node} GPU(s) with room"
+                "the best, {node}, has room on {k} of the {} a node needs",
+                gpus(ranks_per_node)
             ));
         }
         if let Some((short, node, idx)) = t.closest {
