@@ -106,6 +106,17 @@ async fn reviews_over_tls() {
         "{warnings:?}"
     );
     assert!(warnings.iter().all(|w| w.as_str().unwrap().len() <= 120));
+    // A long warning is split into several, never cut: the promise names the
+    // product and every change whole.
+    assert!(
+        warnings
+            .iter()
+            .all(|w| !w.as_str().unwrap().ends_with("...")),
+        "{warnings:?}"
+    );
+    let said: Vec<&str> = warnings.iter().map(|w| w.as_str().unwrap()).collect();
+    let said = said.join(" ");
+    assert!(said.contains("vramguard will run this on "), "{said}");
 
     let invalid = response_of(&server, "create-invalid.json").await;
     assert_eq!(invalid["allowed"], false);

@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 
-use super::decide::Decision;
+use super::decide::{Decision, truncate};
 use super::metrics::Reason;
 use crate::kinds::Kind;
 
@@ -98,18 +98,6 @@ impl AuditEvents {
     }
 }
 
-fn cut(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max.saturating_sub(3);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
-}
-
 /// The event for `decision` (before enforcement) on `obj`, a `kind`; `None`
 /// for what was not judged and told nothing (no GPU, no annotation) and for
 /// objects owned by a controller (their owner was judged).
@@ -162,7 +150,7 @@ pub fn event_for(kind: Kind, obj: &serde_json::Value, decision: &Decision) -> Op
         reference,
         warning,
         reason: reason.to_string(),
-        note: cut(note, MAX_NOTE),
+        note: truncate(note, MAX_NOTE),
     })
 }
 

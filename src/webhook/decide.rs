@@ -36,7 +36,7 @@ pub struct Decision {
 }
 
 /// `s` cut to at most `max` bytes, ending in `...` when cut.
-fn truncate(mut s: String, max: usize) -> String {
+pub fn truncate(mut s: String, max: usize) -> String {
     if s.len() <= max {
         return s;
     }
@@ -47,6 +47,28 @@ fn truncate(mut s: String, max: usize) -> String {
     s.truncate(end);
     s.push_str("...");
     s
+}
+
+/// `text` in ASCII as warnings of at most [`MAX_WARNING`] bytes each, split at spaces, so
+/// a long one reaches the user whole (only a single word longer than that is cut).
+pub fn as_warnings(text: &str) -> Vec<String> {
+    let text = ascii(text.to_string());
+    let mut out = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let word = truncate(word.to_string(), MAX_WARNING);
+        if !line.is_empty() && line.len() + 1 + word.len() > MAX_WARNING {
+            out.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(&word);
+    }
+    if !line.is_empty() {
+        out.push(line);
+    }
+    out
 }
 
 /// `s` in ASCII. Warnings travel as HTTP `Warning` headers, whose values clients read as
@@ -103,7 +125,7 @@ fn gib(b: u64) -> String {
 /// without validating or estimating it again.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Judgement {
-    /// Allowed, with warnings already in ASCII and cut to [`MAX_WARNING`].
+    /// Allowed, with warnings already in ASCII and split to [`MAX_WARNING`] bytes each.
     Allow {
         reason: Reason,
         warnings: Vec<String>,
@@ -122,10 +144,7 @@ impl Judgement {
     fn allow(reason: Reason, warnings: Vec<String>) -> Judgement {
         Judgement::Allow {
             reason,
-            warnings: warnings
-                .into_iter()
-                .map(|w| truncate(ascii(w), MAX_WARNING))
-                .collect(),
+            warnings: warnings.iter().flat_map(|w| as_warnings(w)).collect(),
         }
     }
 

@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::Status;
 use serde_json::Value;
 
-use super::decide::{Decision, Judgement, MAX_MESSAGE, MAX_WARNING, ascii};
+use super::decide::{Decision, Judgement, MAX_MESSAGE, as_warnings, ascii, truncate};
 use super::metrics::{Reason, Verdict};
 use crate::api::{FitMode, GpuNode};
 use crate::decide::{Choice, ClusterView};
@@ -92,7 +92,7 @@ fn denied(reason: Reason, message: String) -> Decision {
         allowed: false,
         status: Status {
             code: 403,
-            message: cut(ascii(message), MAX_MESSAGE),
+            message: truncate(ascii(message), MAX_MESSAGE),
             reason: if reason == Reason::InvalidSpec {
                 "Invalid".to_string()
             } else {
@@ -111,39 +111,6 @@ fn denied(reason: Reason, message: String) -> Decision {
 }
 
 /// `s` cut to at most `max` bytes (ASCII), ending in `...` when cut.
-fn cut(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max.saturating_sub(3);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
-}
-
-/// `text` as warnings of at most [`MAX_WARNING`] bytes each, cut at spaces.
-pub fn as_warnings(text: &str) -> Vec<String> {
-    let text = ascii(text.to_string());
-    let mut out = Vec::new();
-    let mut line = String::new();
-    for word in text.split(' ') {
-        let word = cut(word.to_string(), MAX_WARNING);
-        if !line.is_empty() && line.len() + 1 + word.len() > MAX_WARNING {
-            out.push(std::mem::take(&mut line));
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(&word);
-    }
-    if !line.is_empty() {
-        out.push(line);
-    }
-    out
-}
-
 /// Whether a GPU product as the node reports it (`NVIDIA H100 80GB HBM3`) is
 /// one a GFD label value names (`NVIDIA-H100-80GB-HBM3`).
 fn same_product(reported: &str, label: &str) -> bool {
@@ -456,6 +423,7 @@ pub fn enforce(decision: Decision, enforcement: Enforcement) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::decide::MAX_WARNING;
 
     #[test]
     fn warnings_are_cut_at_spaces_under_the_limit() {
