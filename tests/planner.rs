@@ -550,7 +550,7 @@ parallelism: {gpus: 4, zeroStage: 3, strategy: fsdp}
         PlaceOutcome::Wait { reason } => {
             println!("{reason}");
             assert!(
-                reason.contains("the best, gpu-a100-b, has 3 of 4"),
+                reason.contains("the best, gpu-a100-b, has room on 3 of the 4 GPUs a node needs"),
                 "{reason}"
             );
             assert!(reason.contains("it fits gpu-a100-b once"), "{reason}");

@@ -82,12 +82,16 @@ pub(super) fn explain(
         skipped.push(format!("{} tainted ({})", t.tainted.len(), list(&named)));
     }
     if t.unhealthy_gpus > 0 {
-        skipped.push(format!("{} unhealthy GPU(s)", t.unhealthy_gpus));
+        let n = t.unhealthy_gpus;
+        skipped.push(format!(
+            "{n} unhealthy GPU{}",
+            if n == 1 { "" } else { "s" }
+        ));
     }
     if t.mig_gpus > 0 {
         skipped.push(format!(
-            "{} GPU(s) split into MIG slices (single-GPU jobs only)",
-            t.mig_gpus
+            "{} split into MIG slices (single-GPU jobs only)",
+            gpus(t.mig_gpus)
         ));
     }
     let skipped = if skipped.is_empty() {
@@ -97,8 +101,8 @@ pub(super) fn explain(
     };
     let unknown = if t.unknown_gpus > 0 {
         format!(
-            "; {} GPU(s) of unknown product judged as {}",
-            t.unknown_gpus,
+            "; {} of unknown product judged as {}",
+            gpus(t.unknown_gpus),
             UNKNOWN_ARCHITECTURE.as_str()
         )
     } else {
