@@ -51,27 +51,9 @@ fn gpus(n: usize) -> String {
     }
 }
 
-/// Wait (when `later` names nodes that would hold the job once empty) or Reject.
-pub(super) fn explain(
-    t: &Tally<'_>,
-    nodes: &[GpuNode],
-    later: Option<Vec<usize>>,
-    ranks_per_node: usize,
-    nodes_needed: u64,
-) -> PlaceOutcome {
-    let need = match t.need {
-        Some((lo, hi)) if gib(lo) == gib(hi) => format!("{} per GPU", gib(hi)),
-        Some((lo, hi)) => format!("{}–{} per GPU", gib(lo), gib(hi)),
-        None => "an unknown amount per GPU".to_string(),
-    };
-    let shape = if nodes_needed > 1 {
-        format!(
-            "{nodes_needed} nodes of {} each ({need})",
-            gpus(ranks_per_node)
-        )
-    } else {
-        format!("{} on one node ({need})", gpus(ranks_per_node))
-    };
+/// What placement left out of the cluster and why (`; skipped: …`), and the
+/// GPUs of a product it does not know (`; … of unknown product …`).
+fn left_out(t: &Tally<'_>) -> (String, String) {
     let mut skipped = Vec::new();
     if !t.stale.is_empty() {
         skipped.push(format!("{} stale ({})", t.stale.len(), list(&t.stale)));
@@ -108,6 +90,31 @@ pub(super) fn explain(
     } else {
         String::new()
     };
+    (skipped, unknown)
+}
+
+/// Wait (when `later` names nodes that would hold the job once empty) or Reject.
+pub(super) fn explain(
+    t: &Tally<'_>,
+    nodes: &[GpuNode],
+    later: Option<Vec<usize>>,
+    ranks_per_node: usize,
+    nodes_needed: u64,
+) -> PlaceOutcome {
+    let need = match t.need {
+        Some((lo, hi)) if gib(lo) == gib(hi) => format!("{} per GPU", gib(hi)),
+        Some((lo, hi)) => format!("{}–{} per GPU", gib(lo), gib(hi)),
+        None => "an unknown amount per GPU".to_string(),
+    };
+    let shape = if nodes_needed > 1 {
+        format!(
+            "{nodes_needed} nodes of {} each ({need})",
+            gpus(ranks_per_node)
+        )
+    } else {
+        format!("{} on one node ({need})", gpus(ranks_per_node))
+    };
+    let (skipped, unknown) = left_out(t);
     let mut now = Vec::new();
     if t.eligible > 0 {
         // A node short of GPUs with room; a node with enough for its ranks
