@@ -121,13 +121,52 @@ impl Trace {
         }
     }
 
-    /// The modules forward runs, last first: the head, then the blocks'
-    /// modules from the last block's last one down, then the embedding.
-    fn reversed(&self) -> impl Iterator<Item = f64> + '_ {
-        let blocks = self.blocks.max(0.0).round() as usize;
-        std::iter::once(self.head)
-            .chain((0..blocks).flat_map(move |_| self.block.iter().rev().copied()))
-            .chain(std::iter::once(self.embedding))
+    /// Blocks of the stage, whole.
+    fn whole_blocks(&self) -> usize {
+        self.blocks.max(0.0).round() as usize
+    }
+
+    /// Elements of the module at `at` in forward's order walked backwards:
+    /// 0 the head, then the blocks' modules from the last block's last one
+    /// down, then the embedding.
+    fn module(&self, at: usize) -> f64 {
+        let m = self.block.len();
+        match at {
+            0 => self.head,
+            i if i <= self.whole_blocks() * m => self.block[m - 1 - (i - 1) % m],
+            _ => self.embedding,
+        }
+    }
+
+    /// From module `from` on (in the order of [`Trace::module`]), the
+    /// modules taken while the elements taken before each stay under
+    /// `limit`: their elements, and where the walk stopped. Whole blocks are
+    /// taken at once, so a stage of many small blocks costs no more than one
+    /// of few large ones.
+    fn take_below(&self, from: usize, limit: f64) -> (f64, usize) {
+        let m = self.block.len();
+        let blocks = self.whole_blocks();
+        let end = blocks * m + 2;
+        let per_block: f64 = self.block.iter().sum();
+        let (mut taken, mut at) = (0.0, from);
+        while at < end && taken < limit {
+            if m > 0 && per_block > 0.0 && at >= 1 && at <= blocks * m && (at - 1) % m == 0 {
+                // n whole blocks pass when the check before the last of
+                // them, its first module in forward's order, still does:
+                // taken + n × per_block − block[0] < limit.
+                let left = blocks - (at - 1) / m;
+                let fit = ((limit - taken + self.block[0]) / per_block).ceil() - 1.0;
+                let n = (fit.max(0.0) as usize).min(left);
+                if n > 0 {
+                    taken += n as f64 * per_block;
+                    at += n * m;
+                    continue;
+                }
+            }
+            taken += self.module(at);
+            at += 1;
+        }
+        (taken, at)
     }
 
     /// Elements kept gathered from forward into backward: the trailing
@@ -135,44 +174,24 @@ impl Trace {
     /// under `reuse_distance` (`__params_to_release`: the walk stops once it
     /// has counted the distance, before the next module).
     pub fn kept_for_backward(&self, reuse_distance: f64) -> f64 {
-        let mut after = 0.0;
-        let mut kept = 0.0;
-        for numel in self.reversed() {
-            if 2.0 * after >= reuse_distance {
-                break;
-            }
-            kept += numel;
-            after += numel;
-        }
-        kept
+        self.take_below(0, reuse_distance / 2.0).0
     }
 
-    /// Elements the first fetch of backward prefetches: the modules after the
-    /// head in backward's order, whole, until `bucket` is reached, within
-    /// what `max_live` leaves beside the kept ones. Modules already kept are
-    /// not fetched again.
-    pub fn prefetched(&self, kept: f64, bucket: f64, max_live: f64) -> f64 {
+    /// Elements the first fetch of backward prefetches: the modules after
+    /// the kept ones in backward's order (those are there already), whole,
+    /// until `bucket` is reached, within what `max_live` leaves beside the
+    /// kept ones.
+    pub fn prefetched(&self, reuse_distance: f64, bucket: f64, max_live: f64) -> f64 {
+        let (kept, next) = self.take_below(0, reuse_distance / 2.0);
         let room = bucket.min((max_live - kept).max(0.0));
-        let mut walked = 0.0;
-        let mut fetched = 0.0;
-        for numel in self.reversed().skip(1) {
-            if fetched >= room {
-                break;
-            }
-            walked += numel;
-            // The kept modules are the first ones walked: they are there.
-            if walked + self.head > kept {
-                fetched += numel;
-            }
-        }
-        fetched
+        self.take_below(next, room).0
     }
 
     /// Gathered elements by part of the step, for a complete trace (every
     /// step after the first) with these settings.
     pub fn gathered(&self, reuse_distance: f64, bucket: f64, max_live: f64) -> Gathered {
-        let kept = self.kept_for_backward(reuse_distance);
-        let turn = kept + self.prefetched(kept, bucket, max_live);
+        let turn = self.kept_for_backward(reuse_distance)
+            + self.prefetched(reuse_distance, bucket, max_live);
         Gathered {
             turn,
             backward_end: self.embedding,
@@ -260,6 +279,38 @@ mod tests {
         assert!(high >= point);
     }
 
+    /// The walk one module at a time, as DeepSpeed's own loop goes.
+    fn kept_module_by_module(t: &Trace, reuse_distance: f64) -> f64 {
+        let (mut after, mut at) = (0.0, 0);
+        while at < t.whole_blocks() * t.block.len() + 2 && 2.0 * after < reuse_distance {
+            after += t.module(at);
+            at += 1;
+        }
+        after
+    }
+
+    #[test]
+    fn whole_blocks_at_once_keep_what_the_module_walk_keeps() {
+        for t in [llama_8b(), llama2_7b()] {
+            for r in [0.0, 1e6, 3e8, 6e8, 1e9, 2e9, 5e9, 1e12] {
+                let (whole, one) = (t.kept_for_backward(r), kept_module_by_module(&t, r));
+                assert!(
+                    (whole - one).abs() <= 1e-9 * one.max(1.0),
+                    "{r}: {whole} {one}"
+                );
+            }
+        }
+        // A stage of millions of tiny blocks is answered without walking
+        // them: everything is kept, the embedding too.
+        let tiny = Trace {
+            embedding: 10.0,
+            block: vec![1.0, 2.0, 3.0],
+            blocks: 16_000_000.0,
+            head: 10.0,
+        };
+        assert_eq!(tiny.kept_for_backward(REUSE_DISTANCE), 10.0 + 96e6 + 10.0);
+    }
+
     #[test]
     fn a_large_head_is_kept_alone() {
         // 8B's head is 5.25e8 elements: the walk back to the last block's
@@ -297,20 +348,20 @@ mod tests {
         let kept = t.kept_for_backward(REUSE_DISTANCE);
         // The first module after the head in backward is the last block's
         // down projection, 5.9e7 elements: one module already passes 5e7.
-        let pre = t.prefetched(kept, PREFETCH_BUCKET, MAX_LIVE);
+        let pre = t.prefetched(REUSE_DISTANCE, PREFETCH_BUCKET, MAX_LIVE);
         assert_eq!(pre, 14336.0 * 4096.0);
         // The HF Trainer's auto bucket, 0.9 × 4096² = 1.5e7: still one module.
-        let hf = t.prefetched(kept, hf_auto_prefetch_bucket(4096.0), MAX_LIVE);
+        let hf = t.prefetched(REUSE_DISTANCE, hf_auto_prefetch_bucket(4096.0), MAX_LIVE);
         assert_eq!(hf, pre);
         // No room under max live parameters: nothing is prefetched.
-        assert_eq!(t.prefetched(kept, PREFETCH_BUCKET, kept), 0.0);
+        assert_eq!(t.prefetched(REUSE_DISTANCE, PREFETCH_BUCKET, kept), 0.0);
     }
 
     #[test]
     fn kept_modules_are_not_prefetched_again() {
         let t = llama2_7b();
         let kept = t.kept_for_backward(REUSE_DISTANCE);
-        let pre = t.prefetched(kept, PREFETCH_BUCKET, MAX_LIVE);
+        let pre = t.prefetched(REUSE_DISTANCE, PREFETCH_BUCKET, MAX_LIVE);
         // The kept ones end inside the second-to-last block (at its value
         // projection); the prefetch takes its key and query projections and
         // the block before's down projection, whole modules until the bucket
