@@ -202,7 +202,7 @@ fn training() -> impl Strategy<Value = TrainingSpec> {
                 lora,
                 quantization,
                 micro_batch_size: mb,
-                sequence_length: seq,
+                sequence_length: Some(seq),
                 precision,
                 optimizer,
                 optimizer_in_backward: flags[0],
@@ -402,7 +402,10 @@ proptest! {
         prop_assume!(validate(&spec).is_ok());
         let small = peaks(&spec, gpu)?;
         let mut longer = spec.clone();
-        longer.training.sequence_length *= 2;
+        longer.training.sequence_length = Some(longer.training.seq_len() * 2);
+        // A learned position table bounds the length; past it validation refuses.
+        let table = spec.model.transformer.as_ref().map_or(0, |t| t.max_positions);
+        prop_assume!(table == 0 || longer.training.seq_len() <= table);
         let large = peaks(&longer, gpu)?;
         non_decreasing("sequenceLength doubles", small, large, 1, &spec)?;
     }
@@ -434,7 +437,7 @@ proptest! {
                 }),
                 ..ModelSpec::default()
             },
-            training: TrainingSpec { micro_batch_size: mb, sequence_length: seq, ..training },
+            training: TrainingSpec { micro_batch_size: mb, sequence_length: Some(seq), ..training },
             ..TrainingJobSpec::default()
         };
         if let Ok(job) = validate(&spec)
@@ -511,7 +514,7 @@ fn pipeline_stage_switch_never_shrinks_the_estimate() {
             }),
             quantization: Some(Quantization::Nf4Double),
             micro_batch_size: 40,
-            sequence_length: 10,
+            sequence_length: Some(10),
             precision: Precision::Fp32,
             gradient_checkpointing: Checkpointing::Selective,
             activation_offloading: true,
@@ -532,7 +535,7 @@ fn pipeline_stage_switch_never_shrinks_the_estimate() {
     let full = pipeline_case(
         "gemma-2b",
         TrainingSpec {
-            sequence_length: 220,
+            sequence_length: Some(220),
             precision: Precision::Fp16Mixed,
             gradient_checkpointing: Checkpointing::Selective,
             activation_offloading: true,
@@ -548,7 +551,7 @@ fn pipeline_stage_switch_never_shrinks_the_estimate() {
         },
     );
     let mut longer = full.clone();
-    longer.training.sequence_length *= 2;
+    longer.training.sequence_length = Some(longer.training.seq_len() * 2);
     for (small, large) in [(lora, bigger), (full, longer)] {
         let (a, b) = (peaks(&small, h100), peaks(&large, h100));
         let (Ok(a), Ok(b)) = (a, b) else {
@@ -572,7 +575,7 @@ fn reserved_bytes_never_shrink_when_the_peak_phase_moves() {
         },
         training: TrainingSpec {
             micro_batch_size: 4,
-            sequence_length: 1,
+            sequence_length: Some(1),
             precision: Precision::Fp16Mixed,
             ..TrainingSpec::default()
         },
@@ -597,7 +600,7 @@ fn the_largest_tensor_is_part_of_the_allocated_bytes() {
         },
         training: TrainingSpec {
             mode: TrainingMode::Inference,
-            sequence_length: 1,
+            sequence_length: Some(1),
             precision: Precision::Fp32,
             ..TrainingSpec::default()
         },

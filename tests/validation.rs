@@ -847,15 +847,25 @@ fn generation_is_for_inference_and_its_cache_must_hold_the_tokens() {
     ));
     assert_eq!(paths(&errs), ["spec.training.generation"]);
     let errs = errors(&job(
-        "model: {preset: gpt2}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100, cacheLength: 1024}}",
+        "model: {preset: llama-3.2-1b}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100, cacheLength: 1024}}",
     ));
     assert_eq!(paths(&errs), ["spec.training.generation.cacheLength"]);
     assert!(errs[0].reason.contains("1100"), "{}", errs[0].reason);
     assert!(
         check(&job(
-            "model: {preset: gpt2}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100}}",
+            "model: {preset: llama-3.2-1b}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100}}",
         ))
         .is_ok()
+    );
+    // GPT-2 embeds 1 024 positions: a prompt and its new tokens must fit them.
+    let errs = errors(&job(
+        "model: {preset: gpt2}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100}}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.generation.newTokens"]);
+    assert!(
+        errs[0].reason.contains("at most 24 new tokens"),
+        "{}",
+        errs[0].reason
     );
 }
 

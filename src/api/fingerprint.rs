@@ -34,7 +34,7 @@ fn covered(spec: &TrainingJobSpec) -> Value {
         "lora": t.lora,
         "quantization": t.quantization,
         "trainableParameters": t.trainable_parameters,
-        "sequenceLength": t.sequence_length,
+        "sequenceLength": t.seq_len(),
         "attention": t.attention,
         "framework": t.framework,
         "compile": t.compile,
@@ -72,7 +72,7 @@ pub fn recipe_words(spec: &TrainingJobSpec) -> String {
     let p = &spec.parallelism;
     let mut words = vec![
         super::enum_name(&t.mode),
-        format!("seq {}", t.sequence_length),
+        format!("seq {}", t.seq_len()),
         format!("{} GPU{}", p.gpus, if p.gpus == 1 { "" } else { "s" }),
     ];
     if let Some(l) = &t.lora {

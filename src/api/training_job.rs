@@ -278,9 +278,11 @@ pub struct TrainingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_batch_size: Option<u64>,
     /// Tokens per sample at the peak (longest padded or packed sample).
-    #[serde(default = "default_sequence_length")]
+    /// Default: 2048, or the model's learned position table where it is
+    /// shorter (GPT-2: 1024, BERT: 512), which no sample may pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub sequence_length: u64,
+    pub sequence_length: Option<u64>,
     /// Encoder-decoder models (T5, BART): tokens per target sample, which the
     /// decoder and the loss run over (`max_target_length`); `sequenceLength`
     /// is then the source's. Default: sequenceLength.
@@ -368,7 +370,7 @@ impl Default for TrainingSpec {
             quantization_group_size: None,
             micro_batch_size: 1,
             global_batch_size: None,
-            sequence_length: default_sequence_length(),
+            sequence_length: None,
             precision: Precision::default(),
             optimizer: Optimizer::default(),
             optimizer_in_backward: false,
@@ -394,8 +396,17 @@ fn one() -> u64 {
     1
 }
 
-fn default_sequence_length() -> u64 {
-    2048
+/// The tokens per sample of a job that does not say, on a model whose
+/// positions are not a learned table.
+pub const DEFAULT_SEQUENCE_LENGTH: u64 = 2048;
+
+impl TrainingSpec {
+    /// Tokens per sample: as written, else [`DEFAULT_SEQUENCE_LENGTH`].
+    /// Validation writes the length it resolved (the default shortened to
+    /// a learned position table) into the spec a `ValidatedJob` holds.
+    pub fn seq_len(&self) -> u64 {
+        self.sequence_length.unwrap_or(DEFAULT_SEQUENCE_LENGTH)
+    }
 }
 
 /// full | lora | qlora | adapter | inference.

@@ -91,7 +91,7 @@ pub fn report(
         && rows
             .first()
             .and_then(|r| r.sequence_length)
-            .is_none_or(|s| s.value.is_some_and(|v| v >= t.sequence_length));
+            .is_none_or(|s| s.value.is_some_and(|v| v >= t.seq_len()));
     Ok(MaxReport {
         name,
         model: job.model_name.clone(),
@@ -99,7 +99,7 @@ pub fn report(
         usable_bytes: gpu.usable_bytes(),
         safety_margin: job.spec().fit_policy.safety_margin,
         micro_batch_size: t.micro_batch_size,
-        sequence_length: t.sequence_length,
+        sequence_length: t.seq_len(),
         fits,
         rows,
     })

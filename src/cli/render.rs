@@ -191,7 +191,8 @@ fn describe(r: &JobReport) -> String {
         match job.model {
             crate::api::ResolvedModel::Transformer(_) => format!(
                 "micro-batch {} × {} tokens",
-                t.micro_batch_size, t.sequence_length
+                t.micro_batch_size,
+                t.seq_len()
             ),
             _ => format!("micro-batch {}", t.micro_batch_size),
         },

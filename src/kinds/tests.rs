@@ -117,7 +117,7 @@ fn transformers_and_trl_command_lines_as_documented() {
         assert_eq!(f.accumulation, *accum, "{cmd}");
         assert_eq!(f.training.precision, *precision, "{cmd}");
         assert_eq!(f.training.gradient_checkpointing, *ckpt, "{cmd}");
-        assert_eq!(f.training.sequence_length, *seq, "{cmd}");
+        assert_eq!(f.training.seq_len(), *seq, "{cmd}");
         assert_eq!(f.training.stack, Some(Stack::HfTrainer));
     }
     let lora = found(rows[1].0);
@@ -194,7 +194,7 @@ fn torchtune_command_lines_as_documented() {
         assert_eq!(f.accumulation, *accum, "{cmd}");
         assert_eq!(f.training.precision, *precision, "{cmd}");
         assert_eq!(f.training.gradient_checkpointing, *ckpt, "{cmd}");
-        assert_eq!(f.training.sequence_length, *seq, "{cmd}");
+        assert_eq!(f.training.seq_len(), *seq, "{cmd}");
     }
     let dist = found(rows[1].0);
     assert_eq!(dist.strategy, Strategy::Fsdp);
@@ -262,7 +262,7 @@ fn litgpt_command_lines_as_documented() {
         assert_eq!(f.accumulation, *accum, "{cmd}");
         assert_eq!(f.training.precision, *precision, "{cmd}");
         assert_eq!(f.training.gradient_checkpointing, *ckpt, "{cmd}");
-        assert_eq!(f.training.sequence_length, *seq, "{cmd}");
+        assert_eq!(f.training.seq_len(), *seq, "{cmd}");
     }
     assert_eq!(found(rows[2].0).strategy, Strategy::Fsdp);
     assert_eq!(found(rows[3].0).training.lora.as_ref().unwrap().rank, 16);

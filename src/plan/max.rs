@@ -193,7 +193,7 @@ fn row(
     field: Option<AdjustableField>,
     settings: Settings,
 ) -> Result<Row, EstimateError> {
-    let seq = job.spec().training.sequence_length;
+    let seq = job.spec().training.seq_len();
     let micro_batch_size = largest(MAX_MICRO_BATCH, |n| {
         fits(
             job,

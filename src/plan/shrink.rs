@@ -284,7 +284,7 @@ pub fn search_below(
     let micros = micro_candidates(job, allow);
     let combos = combos(job, &options(job, gpu, allow));
     let samples = original.micro_batch_size * original.gradient_accumulation_steps.max(1);
-    let seq = job.spec().training.sequence_length;
+    let seq = job.spec().training.seq_len();
     let slowdown = |micro: u64| cost::micro_batch_slowdown(original.micro_batch_size, micro, seq);
 
     let eval = |combo: &Combo, micro: u64| -> Option<(Settings, EstimateStatus, Verdict)> {

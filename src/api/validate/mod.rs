@@ -25,7 +25,7 @@ use crate::api::presets;
 pub use settings::{ALL_FIELDS, Settings, yaml_name};
 use settings::{
     cache_holds, checkpoint_every, context_parallel_divides, micro_batch, offload,
-    offload_gradients, sequence_length_range, zero_stage,
+    offload_gradients, position_table, resolved_sequence_length, sequence_length_range, zero_stage,
 };
 
 /// Largest parameter count we accept (a quadrillion: 2 500 × Llama-3.1-405B).
@@ -233,7 +233,10 @@ fn validate_hinted(
 
     // Training.
     micro_batch(errs, t.micro_batch_size);
-    sequence_length_range(errs, t.sequence_length);
+    sequence_length_range(errs, resolved_sequence_length(t, model.as_ref()));
+    if let Some(m) = model.as_ref() {
+        position_table(errs, m, &model_name, t);
+    }
     if t.data_on_gpu_bytes as f64 > MAX_BYTES {
         errs.push(
             "spec.training.dataOnGpuBytes",
@@ -264,9 +267,11 @@ fn validate_hinted(
         return Err(ValidationErrors(std::mem::take(&mut errs.0)));
     }
     let model = model.expect("a model error would have returned above");
-    // The stage the job runs at, written down: FSDP without zeroStage shards fully.
+    // The stage the job runs at, written down: FSDP without zeroStage shards fully;
+    // and the length, shortened to a learned position table when not written.
     let mut spec = spec.clone();
     spec.parallelism.zero_stage = Some(spec.parallelism.zero());
+    spec.training.sequence_length = Some(resolved_sequence_length(&spec.training, Some(&model)));
     Ok(ValidatedJob {
         spec,
         model,
@@ -399,7 +404,7 @@ fn trainable_and_generation(errs: &mut Errors, t: &TrainingSpec, total_parameter
             MAX_GENERATED_TOKENS,
         );
         if let Some(len) = g.cache_length {
-            cache_holds(errs, t.sequence_length, g.new_tokens, len);
+            cache_holds(errs, t.seq_len(), g.new_tokens, len);
             errs.at_most(
                 "spec.training.generation.cacheLength",
                 len,
@@ -534,7 +539,7 @@ fn parallel_fits_model(
                 ),
             );
         }
-        context_parallel_divides(errs, p, t);
+        context_parallel_divides(errs, p, resolved_sequence_length(t, model));
     } else if model.is_some() && model_parallel.is_some_and(|m| m > 1) {
         errs.push(
             "spec.parallelism",

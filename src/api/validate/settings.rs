@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 use super::{Errors, MAX_MICRO_BATCH, MAX_SEQUENCE_LENGTH, ValidatedJob, ValidationErrors};
+use crate::api::training_job::DEFAULT_SEQUENCE_LENGTH;
 use crate::api::{
     AdjustableField, Checkpointing, FitMode, Loss, Offload, Optimizer, ParallelismSpec, PlanStatus,
     Precision, ResolvedModel, Strategy, TrainingSpec,
@@ -179,12 +180,13 @@ impl ValidatedJob {
         sequence_length: u64,
     ) -> Result<ValidatedJob, ValidationErrors> {
         let mut job = self.clone();
-        job.spec.training.sequence_length = sequence_length;
+        job.spec.training.sequence_length = Some(sequence_length);
         let mut errs = Errors(Vec::new());
         let t = &job.spec.training;
-        sequence_length_range(&mut errs, t.sequence_length);
+        sequence_length_range(&mut errs, t.seq_len());
+        position_table(&mut errs, &job.model, &job.model_name, t);
         if matches!(job.model, ResolvedModel::Transformer(_)) {
-            context_parallel_divides(&mut errs, &job.spec.parallelism, t);
+            context_parallel_divides(&mut errs, &job.spec.parallelism, t.seq_len());
         }
         generation_cache(&mut errs, t);
         errs.into_result(job)
@@ -218,6 +220,64 @@ pub(super) fn micro_batch(errs: &mut Errors, micro: u64) {
 pub(super) fn sequence_length_range(errs: &mut Errors, len: u64) {
     errs.at_least("spec.training.sequenceLength", len, 1);
     errs.at_most("spec.training.sequenceLength", len, MAX_SEQUENCE_LENGTH);
+}
+
+/// Positions the model can embed: a learned table (GPT-2's `wpe` of
+/// `n_positions`, BERT's `position_embeddings` of `max_position_embeddings`)
+/// has one row per position, and a position past it is an index error on the
+/// GPU (`IndexError`/device-side assert), not a longer step. `None`: the
+/// positions are computed (RoPE, ALiBi, T5's relative buckets), any length runs.
+pub(super) fn learned_positions(model: &ResolvedModel) -> Option<u64> {
+    match model {
+        ResolvedModel::Transformer(a) if a.max_positions > 0 => Some(a.max_positions),
+        _ => None,
+    }
+}
+
+/// The length a job runs at: as written, else 2048 or the model's learned
+/// position table where that is shorter.
+pub(super) fn resolved_sequence_length(t: &TrainingSpec, model: Option<&ResolvedModel>) -> u64 {
+    match (t.sequence_length, model.and_then(learned_positions)) {
+        (Some(len), _) => len,
+        (None, Some(table)) => table.min(DEFAULT_SEQUENCE_LENGTH),
+        (None, None) => DEFAULT_SEQUENCE_LENGTH,
+    }
+}
+
+/// A sample (with what generation adds to it) must fit the model's learned
+/// position table.
+pub(super) fn position_table(
+    errs: &mut Errors,
+    model: &ResolvedModel,
+    model_name: &str,
+    t: &TrainingSpec,
+) {
+    let Some(table) = learned_positions(model) else {
+        return;
+    };
+    let len = resolved_sequence_length(t, Some(model));
+    // Only inference generates (generation under training is refused on its own).
+    let new_tokens = match (&t.generation, t.mode) {
+        (Some(g), crate::api::TrainingMode::Inference) => g.new_tokens,
+        _ => 0,
+    };
+    if len > table {
+        errs.push(
+            "spec.training.sequenceLength",
+            format!(
+                "{len} is past {model_name}'s learned position table of {table} positions (a position past it cannot be embedded); use at most {table}"
+            ),
+        );
+    } else if len.saturating_add(new_tokens) > table {
+        errs.push(
+            "spec.training.generation.newTokens",
+            format!(
+                "{new_tokens} new tokens after a {len}-token prompt pass {model_name}'s learned position table of {table} positions; use at most {} new tokens, or a prompt of at most {} tokens",
+                table - len,
+                table.saturating_sub(new_tokens)
+            ),
+        );
+    }
 }
 
 pub(super) fn zero_stage(errs: &mut Errors, p: &ParallelismSpec) {
@@ -277,13 +337,13 @@ pub(super) fn checkpoint_every(errs: &mut Errors, t: &TrainingSpec) {
     }
 }
 
-pub(super) fn context_parallel_divides(errs: &mut Errors, p: &ParallelismSpec, t: &TrainingSpec) {
-    if p.context_parallel > 1 && !t.sequence_length.is_multiple_of(p.context_parallel) {
+pub(super) fn context_parallel_divides(errs: &mut Errors, p: &ParallelismSpec, len: u64) {
+    if p.context_parallel > 1 && !len.is_multiple_of(p.context_parallel) {
         errs.push(
             "spec.parallelism.contextParallel",
             format!(
-                "{} does not divide sequenceLength {}",
-                p.context_parallel, t.sequence_length
+                "{} does not divide sequenceLength {len}",
+                p.context_parallel
             ),
         );
     }
@@ -293,7 +353,7 @@ pub(super) fn generation_cache(errs: &mut Errors, t: &TrainingSpec) {
     if let Some(g) = &t.generation
         && let Some(len) = g.cache_length
     {
-        cache_holds(errs, t.sequence_length, g.new_tokens, len);
+        cache_holds(errs, t.seq_len(), g.new_tokens, len);
     }
 }
 
@@ -424,7 +484,7 @@ parallelism: {gpus: 2, contextParallel: 2}
 ");
         assert_eq!(
             j.with_sequence_length(8192)
-                .map(|k| k.spec().training.sequence_length),
+                .map(|k| k.spec().training.seq_len()),
             Ok(8192)
         );
         assert_eq!(
@@ -446,6 +506,47 @@ training: {mode: inference, sequenceLength: 1024, generation: {newTokens: 256, c
         assert_eq!(
             problems(generating.with_sequence_length(1793))[0].0,
             "spec.training.generation.cacheLength"
+        );
+    }
+
+    fn refused(yaml: &str) -> Vec<(String, String)> {
+        let spec: crate::api::TrainingJobSpec = serde_saphyr::from_str(yaml).expect("YAML parses");
+        problems(crate::api::validate(&spec))
+    }
+
+    #[test]
+    fn a_learned_position_table_bounds_the_length_and_its_default() {
+        // Unwritten, the length is 2048, or the table where it is shorter.
+        let gpt2 = job("model: {preset: gpt2}");
+        assert_eq!(gpt2.spec().training.sequence_length, Some(1024));
+        let bert = job("model: {preset: bert-base}");
+        assert_eq!(bert.spec().training.sequence_length, Some(512));
+        let llama = job("model: {preset: llama-3.1-8b}");
+        assert_eq!(llama.spec().training.sequence_length, Some(2048));
+        // Computed positions (RoPE) take any length; a table does not.
+        assert!(llama.with_sequence_length(65_536).is_ok());
+        assert!(gpt2.with_sequence_length(1024).is_ok());
+        assert_eq!(
+            problems(gpt2.with_sequence_length(1025)),
+            vec![(
+                "spec.training.sequenceLength".to_string(),
+                "1025 is past gpt2's learned position table of 1024 positions (a position past it cannot be embedded); use at most 1024".to_string()
+            )]
+        );
+        assert_eq!(
+            refused("model: {preset: gpt2}\ntraining: {sequenceLength: 2048}")[0].0,
+            "spec.training.sequenceLength"
+        );
+        // Generation counts: the prompt and every new token take a position.
+        let long = refused(
+            "model: {preset: gpt2}\ntraining: {mode: inference, sequenceLength: 1000, generation: {newTokens: 100}}",
+        );
+        assert_eq!(long[0].0, "spec.training.generation.newTokens");
+        assert!(
+            long[0]
+                .1
+                .contains("use at most 24 new tokens, or a prompt of at most 924 tokens"),
+            "{long:?}"
         );
     }
 }

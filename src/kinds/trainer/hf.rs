@@ -107,15 +107,12 @@ fn hf(
         .or(value("max_length").map(|v| ("--max_length", v)))
         .or(value("block_size").map(|v| ("--block_size", v)))
     {
-        t.sequence_length = number(v.0, v.1)?;
+        t.sequence_length = Some(number(v.0, v.1)?);
         sources.push(src("training.sequenceLength", format!("{} {}", v.0, v.1)));
     } else {
         sources.push(src(
             "training.sequenceLength",
-            format!(
-                "{}: not on the command line (vramguard's default)",
-                t.sequence_length
-            ),
+            "not on the command line (vramguard's default: 2048, or the model's learned position table where shorter)".to_string(),
         ));
     }
     if let Some(v) = value("optim") {

@@ -78,7 +78,7 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
         .get("train.max_seq_length")
         .or(opts.get("data.max_seq_length"))
     {
-        t.sequence_length = number("--train.max_seq_length", v)?;
+        t.sequence_length = Some(number("--train.max_seq_length", v)?);
         sources.push(src(
             "training.sequenceLength",
             format!("--train.max_seq_length {v}"),
@@ -86,10 +86,7 @@ fn lit(mode_word: &str, w: &[String]) -> Result<FromCommand, String> {
     } else {
         sources.push(src(
             "training.sequenceLength",
-            format!(
-                "{}: not on the command line (vramguard's default)",
-                t.sequence_length
-            ),
+            "not on the command line (vramguard's default: 2048, or the model's learned position table where shorter)".to_string(),
         ));
     }
     if matches!(t.mode, TrainingMode::Lora | TrainingMode::Qlora) {

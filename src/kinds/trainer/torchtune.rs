@@ -253,7 +253,7 @@ fn tt_model(
 ) -> Result<(), String> {
     let get = |k: &str| overrides.get(k).map(String::as_str);
     if let Some(v) = get("tokenizer.max_seq_len") {
-        t.sequence_length = number("tokenizer.max_seq_len=", v)?;
+        t.sequence_length = Some(number("tokenizer.max_seq_len=", v)?);
         sources.push(src(
             "training.sequenceLength",
             format!("tokenizer.max_seq_len={v}"),
@@ -261,10 +261,7 @@ fn tt_model(
     } else {
         sources.push(src(
             "training.sequenceLength",
-            format!(
-                "{}: the config leaves it to the data (vramguard's default)",
-                t.sequence_length
-            ),
+            "the config leaves it to the data (vramguard's default: 2048, or the model's learned position table where shorter)".to_string(),
         ));
     }
     if let Some(v) = get("optimizer._component_") {

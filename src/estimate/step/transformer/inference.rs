@@ -36,7 +36,7 @@ pub(super) fn decode(st: &Setting, blocks: f64) -> Decode {
     if generation.new_tokens > 0 || generation.cache_length.is_some() {
         let full = generation
             .cache_length
-            .unwrap_or(t.sequence_length + generation.new_tokens) as f64
+            .unwrap_or(t.seq_len() + generation.new_tokens) as f64
             / cp;
         d.kv_decode = blocks * kv_position * full;
         // `generate` keeps the last position's logits as an fp32 copy

@@ -117,7 +117,7 @@ impl<'a> Setting<'a> {
         let b = t.micro_batch_size as f64;
         let method = Peft::of(job);
         // Prompt tuning's virtual tokens are positions like any other.
-        let s = t.sequence_length as f64 + method.extra_positions() as f64;
+        let s = t.seq_len() as f64 + method.extra_positions() as f64;
         Setting {
             job,
             gpu,
