@@ -2,7 +2,7 @@
 //!
 //! - AdmissionChecks are reflected into a store; each of ours
 //!   (`spec.controllerName: vramguard.io/vram-fit`) is marked `Active`.
-//! - Workloads are reconciled: one that lists a check of ours in state
+//! - Workloads are reconciled: an active one that lists a check of ours in state
 //!   `Pending` and has quota reserved is judged ([`super::judge`]) with its
 //!   flavors' products and its owner's annotation, and the checks' states are
 //!   written to `workloads/status` by a merge patch carrying the
@@ -140,7 +140,7 @@ async fn get_opt(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, 
 
 async fn reconcile(wl: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let value = as_value(&wl);
-    if super::finished(&value) {
+    if super::finished(&value) || !super::active(&value) {
         return Ok(Action::await_change());
     }
     let pending = super::pending_checks(&value, &our_checks(&ctx.checks));

@@ -122,6 +122,13 @@ pub fn finished(workload: &Value) -> bool {
         .any(|c| str_at(c, "/type") == Some("Finished") && str_at(c, "/status") == Some("True"))
 }
 
+/// Whether the Workload is active: Kueue sets `spec.active: false` when it deactivates one
+/// (a check Rejected, say); its checks are reset to `Pending` while its quota is released,
+/// and are not vramguard's to judge again.
+pub fn active(workload: &Value) -> bool {
+    workload.pointer("/spec/active") != Some(&Value::Bool(false))
+}
+
 /// The flavor each pod set was assigned for its GPUs: the flavor of
 /// `nvidia.com/gpu`, else of a MIG resource, else of any resource.
 pub fn assigned_flavors(workload: &Value) -> BTreeMap<String, String> {

@@ -34,6 +34,13 @@ fn only_our_pending_checks_are_ours_to_decide() {
         Value::Null,
     );
     assert!(pending_checks(&done, &ours()).is_empty());
+    // Deactivated by Kueue (its checks reset to Pending while quota is released): not judged.
+    assert!(active(&wl));
+    let mut off = wl.clone();
+    off["spec"]["active"] = json!(false);
+    assert!(!active(&off));
+    off["spec"]["active"] = json!(true);
+    assert!(active(&off));
 }
 
 #[test]
