@@ -111,16 +111,7 @@ async fn denied(client: &Client, what: &str, obj: Value) -> String {
 
 /// The Event vramguard recorded on the object with `uid` in `ns`.
 async fn event_on(client: &Client, ns: &str, uid: &str) -> Value {
-    let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
-    cluster::until_some(&format!("the audit Event on {uid}"), 60, || async {
-        let list = get(client, &path).await?;
-        list["items"]
-            .as_array()?
-            .iter()
-            .find(|e| e["regarding"]["uid"] == uid)
-            .cloned()
-    })
-    .await
+    cluster::event_regarding(client, ns, uid, None).await
 }
 
 /// Reviews the webhook answered so far (`vramguard_reviews_total`, every label).
@@ -161,7 +152,7 @@ fn webhook_client(port: u16, ca_pem: &str) -> Client {
 async fn install_crds(client: &Client) {
     for (group, version, kind, plural) in CRDS {
         let name = format!("{plural}.{group}");
-        let mut crd = json!({
+        let crd = json!({
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
             "metadata": {"name": name},
@@ -186,33 +177,7 @@ async fn install_crds(client: &Client) {
                 }],
             }
         });
-        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
-        let a = cluster::send(
-            client,
-            Method::POST,
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            JSON,
-            &crd,
-        )
-        .await;
-        if a.status == 409 {
-            let old = get(client, &path).await.expect("the CRD");
-            crd["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
-            let a = cluster::send(client, Method::PUT, &path, JSON, &crd).await;
-            assert_eq!(a.status, 200, "{name}: {}", a.body);
-        } else {
-            assert_eq!(a.status, 201, "{name}: {}", a.body);
-        }
-        cluster::eventually(&format!("{name} established"), 60, || async {
-            get(client, &path).await.is_some_and(|c| {
-                c["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Established" && c["status"] == "True")
-            })
-        })
-        .await;
+        cluster::apply_crd(client, crd).await;
         let list = format!("/apis/{group}/{version}/namespaces/{DENY}/{plural}");
         cluster::eventually(&format!("{plural} served"), 60, || async {
             get(client, &list).await.is_some()

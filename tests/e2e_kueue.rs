@@ -8,7 +8,6 @@
 #[path = "support/cluster.rs"]
 mod cluster;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
@@ -16,8 +15,7 @@ use cluster::JSON;
 use kube::Client;
 use serde_json::{Value, json};
 use vramguard::api::parse;
-use vramguard::inventory::Static;
-use vramguard::kueue::{self, controller};
+use vramguard::kueue;
 
 const TEST: &str = "e2e_kueue";
 const NS: &str = "e2e-kueue";
@@ -64,7 +62,6 @@ async fn kueue_crds(client: &Client) {
         "kueue.x-k8s.io_resourceflavors.yaml",
     ] {
         let mut crd = yaml(&format!("tests/data/kueue/{file}")).remove(0);
-        let name = crd["metadata"]["name"].as_str().unwrap().to_string();
         // Kueue converts v1beta1 <-> v1beta2 (its storage) with its own webhook, which does
         // not run here; without it the API server stores v1beta1 writes as v1beta2 unconverted
         // and prunes v1beta1-only fields (spec.priorityClassSource), which Kueue's CEL rules
@@ -72,32 +69,7 @@ async fn kueue_crds(client: &Client) {
         for v in crd["spec"]["versions"].as_array_mut().unwrap() {
             v["storage"] = json!(v["name"] == kueue::VERSION);
         }
-        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
-        let a = cluster::send(
-            client,
-            Method::POST,
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            JSON,
-            &crd,
-        )
-        .await;
-        if a.status == 409 {
-            let old = get(client, &path).await;
-            crd["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
-            let a = cluster::send(client, Method::PUT, &path, JSON, &crd).await;
-            assert_eq!(a.status, 200, "{file}: {}", a.body);
-        } else {
-            assert_eq!(a.status, 201, "{file}: {}", a.body);
-        }
-        cluster::eventually(&format!("{name} established"), 60, || async {
-            let c = get(client, &path).await;
-            c["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-        })
-        .await;
+        cluster::apply_crd(client, crd).await;
     }
     // Served once discovery has it.
     cluster::eventually("workloads served", 60, || async {
@@ -200,6 +172,22 @@ async fn decided(client: &Client, path: &str) -> (String, String) {
     }
 }
 
+/// The one Event vramguard recorded on the Workload at `path`, checked to be of `reason`
+/// and `type_`, by the controller, about the Workload.
+async fn verdict_event(client: &Client, path: &str, reason: &str, type_: &str) -> Value {
+    let wl = get(client, path).await;
+    let uid = wl["metadata"]["uid"].as_str().unwrap();
+    let e = cluster::event_regarding(client, NS, uid, Some(reason)).await;
+    assert_eq!(e["type"], type_, "{e}");
+    assert_eq!(e["reportingController"], "vramguard-kueue", "{e}");
+    assert_eq!(e["regarding"]["kind"], "Workload", "{e}");
+    assert_eq!(e["regarding"]["name"], wl["metadata"]["name"], "{e}");
+    let all = cluster::events_regarding(client, NS, uid).await;
+    assert_eq!(all.len(), 1, "one Event per decision: {all:?}");
+    assert!(e["series"].is_null(), "published once: {e}");
+    e
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
     let _ = tracing_subscriber::fmt()
@@ -257,18 +245,7 @@ async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
     .await;
     assert!(a.status == 201 || a.status == 409, "{}", a.body);
 
-    let nodes = vramguard::cli::serve::read_cluster(&cluster::root().join("examples/cluster.yaml"))
-        .unwrap();
-    let source = Static::new(nodes, k8s_openapi::jiff::Timestamp::now().as_second());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(controller::run_controller(
-        client.clone(),
-        Arc::new(source),
-        controller::Config::default(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let controller = cluster::KueueController::start(&client);
 
     // Our check is marked Active; the other controller's is not touched.
     cluster::eventually("vram-fit Active", 30, || async {
@@ -298,6 +275,14 @@ async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
     let (state, m) = decided(&client, &big).await;
     assert_eq!(state, "Rejected", "{m}");
     assert!(m.contains("`--per_device_train_batch_size 8 → "), "{m}");
+    // The verdict is an Event on the Workload too, once: what `kubectl describe workload`
+    // shows after Kueue has reset the check.
+    let e = verdict_event(&client, &big, "VramRejected", "Warning").await;
+    let note = e["note"].as_str().unwrap_or("");
+    assert!(note.contains("`--per_device_train_batch_size 8 → "), "{e}");
+    if m.len() <= 1024 {
+        assert_eq!(note, m, "{e}");
+    }
     let nums: Vec<u64> = m
         .split(" → ")
         .skip(1)
@@ -312,7 +297,8 @@ async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
     .await;
     let (state, m) = decided(&client, &fixed).await;
     assert_eq!(state, "Ready", "{m}");
+    let e = verdict_event(&client, &fixed, "VramFit", "Normal").await;
+    assert_eq!(e["note"], m, "{e}");
 
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    controller.stop().await;
 }

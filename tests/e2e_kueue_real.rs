@@ -7,11 +7,14 @@
 //! suspends the Jobs, creates their Workloads, reserves quota and assigns the flavor;
 //! vramguard judges; Kueue admits (and starts) the Job that fits and deactivates the one
 //! that cannot.
+//!
+//! Kueue resets a Rejected check to Pending as it deactivates the Workload, so the verdict is
+//! read where it stays: vramguard's Event on the Workload (`kubectl describe workload`), and
+//! the check's state only where it is stable (Ready on the admitted Workload).
 
 #[path = "support/cluster.rs"]
 mod cluster;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
@@ -19,8 +22,7 @@ use cluster::JSON;
 use kube::Client;
 use serde_json::{Value, json};
 use vramguard::api::parse;
-use vramguard::inventory::Static;
-use vramguard::kueue::{self, controller};
+use vramguard::kueue;
 
 const TEST: &str = "e2e_kueue_real";
 const NS: &str = "e2e-kueue-real";
@@ -123,25 +125,32 @@ async fn workload_of(client: &Client, name: &str) -> Value {
     .await
 }
 
-/// The state and message of `vram-fit` on the Workload at `path` once it is not Pending.
-async fn decided(client: &Client, path: &str) -> (String, String, Value) {
-    cluster::until_some(&format!("{path}: vram-fit decided"), 90, || async {
-        let wl = get(client, path).await;
-        let check = wl["status"]["admissionChecks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["name"] == "vram-fit")?
-            .clone();
-        (check["state"] != "Pending").then(|| {
-            (
-                check["state"].as_str().unwrap_or("").to_string(),
-                check["message"].as_str().unwrap_or("").to_string(),
-                wl,
-            )
-        })
-    })
-    .await
+/// The state and message of check `vram-fit` on the Workload `wl`.
+fn vram_fit(wl: &Value) -> (String, String) {
+    let check = wl["status"]["admissionChecks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "vram-fit")
+        .unwrap_or_else(|| panic!("no check vram-fit: {wl}"));
+    (
+        check["state"].as_str().unwrap_or("").to_string(),
+        check["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// The Event of `reason` vramguard recorded on the Workload `wl` (as `kubectl describe
+/// workload` lists it), checked to be of `type_` and by vramguard's controller.
+async fn verdict_event(client: &Client, wl: &Value, reason: &str, type_: &str) -> Value {
+    let uid = wl["metadata"]["uid"].as_str().expect("a uid");
+    let e = cluster::event_regarding(client, NS, uid, Some(reason)).await;
+    assert_eq!(e["type"], type_, "{e}");
+    assert_eq!(e["reportingController"], "vramguard-kueue", "{e}");
+    assert_eq!(e["regarding"]["kind"], "Workload", "{e}");
+    assert_eq!(e["regarding"]["name"], wl["metadata"]["name"], "{e}");
+    // Judged once: a Workload Kueue deactivated is not judged again when its check is reset.
+    assert!(e["series"].is_null(), "published once: {e}");
+    e
 }
 
 fn condition(obj: &Value, kind: &str) -> Option<String> {
@@ -223,18 +232,7 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
     );
 
     // vramguard's controller, as `vramguard serve --kueue-admission-check` runs it.
-    let nodes = vramguard::cli::serve::read_cluster(&cluster::root().join("examples/cluster.yaml"))
-        .unwrap();
-    let source = Static::new(nodes, k8s_openapi::jiff::Timestamp::now().as_second());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(controller::run_controller(
-        client.clone(),
-        Arc::new(source),
-        controller::Config::default(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let controller = cluster::KueueController::start(&client);
 
     // Kueue holds the ClusterQueue inactive until its check is Active, which vramguard marks.
     cluster::eventually(&format!("ClusterQueue {cq} Active"), 60, || async {
@@ -259,25 +257,28 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
         );
     }
 
-    // The LoRA fits an H100: Ready, then Kueue admits the Workload and starts the Job.
+    // The LoRA fits an H100: Ready, then Kueue admits the Workload and starts the Job; the
+    // check stays Ready once admitted, and the verdict is an Event on the Workload.
     let wl = workload_of(&client, &fits).await;
     let path = format!(
         "{V1BETA1}/namespaces/{NS}/workloads/{}",
         wl["metadata"]["name"].as_str().unwrap()
     );
-    let (state, message, wl) = decided(&client, &path).await;
-    assert_eq!(state, "Ready", "{message}\n{wl}");
-    assert_eq!(
-        wl["status"]["admission"]["podSetAssignments"][0]["flavors"]["nvidia.com/gpu"], "e2e-h100",
-        "{wl}"
-    );
-    cluster::eventually(&format!("Job {fits} unsuspended"), 60, || async {
+    cluster::eventually(&format!("Job {fits} unsuspended"), 90, || async {
         let j = get(&client, &format!("{jobs}/{fits}")).await;
         j["spec"]["suspend"] == false
     })
     .await;
     let wl = get(&client, &path).await;
     assert_eq!(condition(&wl, "Admitted").as_deref(), Some("True"), "{wl}");
+    let (state, message) = vram_fit(&wl);
+    assert_eq!(state, "Ready", "{message}\n{wl}");
+    assert_eq!(
+        wl["status"]["admission"]["podSetAssignments"][0]["flavors"]["nvidia.com/gpu"], "e2e-h100",
+        "{wl}"
+    );
+    let e = verdict_event(&client, &wl, "VramFit", "Normal").await;
+    assert_eq!(e["note"], message, "{e}");
     // Kueue put the flavor's node labels on the pods it lets run.
     let j = get(&client, &format!("{jobs}/{fits}")).await;
     assert_eq!(
@@ -287,26 +288,28 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
     );
 
     // A full fine-tune of a 70B model cannot fit one 80 GB GPU: Rejected with the numbers;
-    // Kueue deactivates the Workload and the Job stays suspended.
+    // Kueue deactivates the Workload, resets the check to Pending, and the Job stays
+    // suspended. What vramguard said stays in its Event on the Workload.
     let wl = workload_of(&client, &too_big).await;
     let path = format!(
         "{V1BETA1}/namespaces/{NS}/workloads/{}",
         wl["metadata"]["name"].as_str().unwrap()
     );
-    let (state, message, _) = decided(&client, &path).await;
-    assert_eq!(state, "Rejected", "{message}");
-    assert!(message.contains(" GiB per GPU"), "{message}");
-    assert!(message.contains("vramguard.io/training"), "{message}");
-    cluster::eventually(&format!("{path} deactivated"), 60, || async {
+    cluster::eventually(&format!("{path} deactivated"), 90, || async {
         let wl = get(&client, &path).await;
         wl["spec"]["active"] == false
     })
     .await;
     let wl = get(&client, &path).await;
     assert_ne!(condition(&wl, "Admitted").as_deref(), Some("True"), "{wl}");
+    let (state, message) = vram_fit(&wl);
+    assert_ne!(state, "Ready", "{message}\n{wl}");
+    let e = verdict_event(&client, &wl, "VramRejected", "Warning").await;
+    let note = e["note"].as_str().unwrap_or("");
+    assert!(note.contains(" GiB per GPU"), "{e}");
+    assert!(note.contains("vramguard.io/training"), "{e}");
     let j = get(&client, &format!("{jobs}/{too_big}")).await;
     assert_eq!(j["spec"]["suspend"], true, "{j}");
 
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    controller.stop().await;
 }

@@ -221,6 +221,29 @@ impl Kueue {
         }
         panic!("{name}: {check} still Pending: {:#}", self.get(name).await);
     }
+
+    /// The Event of `reason` vramguard recorded on Workload `name`, once it is there.
+    async fn event(&self, name: &str, reason: &str) -> Value {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), NS);
+        for _ in 0..200 {
+            let found = events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|e| serde_json::to_value(e).unwrap())
+                .find(|e| e["regarding"]["name"] == name && e["reason"] == reason);
+            if let Some(e) = found {
+                assert_eq!(e["regarding"]["kind"], "Workload", "{e}");
+                assert_eq!(e["reportingController"], "vramguard-kueue", "{e}");
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{name}: no Event {reason}");
+    }
 }
 
 async fn start(source: Arc<dyn Source>) -> (Kueue, tokio::sync::oneshot::Sender<()>) {
@@ -355,6 +378,11 @@ async fn workloads_are_ready_rejected_or_not_judged_on_their_flavors_product() {
     assert!(m.contains(" GiB per GPU"), "{m}");
     assert!(m.contains("`--per_device_train_batch_size 8 → "), "{m}");
     assert!(m.contains("`--gradient_accumulation_steps 2 → "), "{m}");
+    // The verdict kept as an Event on the Workload, for after Kueue resets the check.
+    let e = k.event(&big, "VramRejected").await;
+    assert_eq!(e["type"], "Warning", "{e}");
+    let note = e["note"].as_str().unwrap();
+    assert!(note.contains("`--per_device_train_batch_size 8 → "), "{e}");
     let other = &wl["status"]["admissionChecks"][1];
     assert_eq!(other["name"], "capacity");
     assert_eq!(other["state"], "Pending");
@@ -452,6 +480,9 @@ async fn a_workload_that_fits_its_product_but_not_now_is_retried() {
         wl["status"]["admissionChecks"][0]["requeueAfterSeconds"],
         30
     );
+    let e = k.event(&name, "VramRetry").await;
+    assert_eq!(e["type"], "Warning", "{e}");
+    assert_eq!(e["note"], m, "{e}");
 
     // Kueue requeues it (the check Pending again); the GPUs are free now: Ready.
     *source.0.lock().unwrap() = inventory(None);
@@ -460,6 +491,9 @@ async fn a_workload_that_fits_its_product_but_not_now_is_retried() {
     k.status(&name, json!({"admissionChecks": checks})).await;
     let (state, m, _) = k.decided(&name, "vram-fit").await;
     assert_eq!(state, "Ready", "{m}");
+    let e = k.event(&name, "VramFit").await;
+    assert_eq!(e["type"], "Normal", "{e}");
+    assert_eq!(e["note"], m, "{e}");
     let _ = stop.send(());
 }
 

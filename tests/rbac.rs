@@ -541,6 +541,28 @@ async fn kueue_admission_check_calls_match_its_rules() {
             .is_some_and(|c| c["status"]["conditions"][0]["status"] == "True")
     })
     .await;
+    // Each verdict an Event on its Workload; one put back to Pending (as Kueue does after
+    // a Retry) is judged again, and its repeated Event patched into the series.
+    let events = |method: Method| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == method && r.path.starts_with("/apis/events.k8s.io/"))
+            .count()
+    };
+    eventually("an Event on every Workload", || {
+        events(Method::POST) == owners.len()
+    })
+    .await;
+    let mut again = server
+        .get_value(&kueue_res("workloads"), Some(NS), "wl-0")
+        .expect("wl-0");
+    again["status"]["admissionChecks"][0]["state"] = json!("Pending");
+    server.put_value(&kueue_res("workloads"), "Workload", Some(NS), again);
+    eventually("the repeat patched into its series", || {
+        events(Method::PATCH) == 1
+    })
+    .await;
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(10), task)
         .await

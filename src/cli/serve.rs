@@ -295,6 +295,7 @@ fn kueue_controller(
         operator::LeaseConfig::new(lease_namespace, &format!("{lease_name}-kueue"), &identity);
     let config = crate::kueue::controller::Config {
         retry_after,
+        instance: Some(identity.clone()),
         ..crate::kueue::controller::Config::default()
     };
     tracing::info!(

@@ -2,11 +2,16 @@
 //!
 //! - AdmissionChecks are reflected into a store; each of ours
 //!   (`spec.controllerName: vramguard.io/vram-fit`) is marked `Active`.
-//! - Workloads are reconciled: one that lists a check of ours in state
+//! - Workloads are reconciled: an active one that lists a check of ours in state
 //!   `Pending` and has quota reserved is judged ([`super::judge`]) with its
 //!   flavors' products and its owner's annotation, and the checks' states are
 //!   written to `workloads/status` by a merge patch carrying the
 //!   resourceVersion read (a conflict is read again, never overwritten).
+//! - Each write that changes a check's state is recorded as an `events.k8s.io/v1`
+//!   Event on the Workload ([`super::verdict_events`]: `VramFit`, `VramRetry`,
+//!   `VramRejected` with the verdict's message), published by kube's `Recorder` (a
+//!   repeat within minutes is patched into its series). A failed Event is logged; the
+//!   check state is what Kueue acts on.
 //!
 //! Until the inventory has synced nothing is judged (reconciles wait).
 
@@ -18,14 +23,16 @@ use futures::{Future, StreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{CONTROLLER_NAME, GROUP, VERSION, status_version};
 use crate::inventory::Source;
+use crate::webhook::audit::recorder_event;
 
 /// How the controller behaves.
 #[derive(Clone, Debug)]
@@ -36,8 +43,10 @@ pub struct Config {
     pub wait_requeue: Duration,
     /// How soon after an API error.
     pub error_requeue: Duration,
-    /// The field manager of the writes.
+    /// The field manager of the writes, and the reporting controller of the Events.
     pub manager: String,
+    /// The reporting instance of the Events (the replica); the manager when `None`.
+    pub instance: Option<String>,
 }
 
 impl Default for Config {
@@ -47,6 +56,7 @@ impl Default for Config {
             wait_requeue: Duration::from_secs(5),
             error_requeue: Duration::from_secs(10),
             manager: "vramguard-kueue".to_string(),
+            instance: None,
         }
     }
 }
@@ -106,6 +116,8 @@ struct Context {
     /// Workloads in the version their status is written in.
     status: ApiResource,
     config: Config,
+    /// The Events of the verdicts (one per controller: its cache makes a repeat a series).
+    recorder: Recorder,
 }
 
 fn as_value(o: &DynamicObject) -> Value {
@@ -128,7 +140,7 @@ async fn get_opt(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>, 
 
 async fn reconcile(wl: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let value = as_value(&wl);
-    if super::finished(&value) {
+    if super::finished(&value) || !super::active(&value) {
         return Ok(Action::await_change());
     }
     let pending = super::pending_checks(&value, &our_checks(&ctx.checks));
@@ -199,7 +211,28 @@ async fn reconcile(wl: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
         &Patch::Merge(&patch),
     )
     .await?;
+    record(&ctx, &wl, super::verdict_events(&value, &verdicts)).await;
     Ok(Action::await_change())
+}
+
+/// Publish the Events of a write that succeeded; a failure is logged, never the reconcile's.
+async fn record(ctx: &Context, wl: &DynamicObject, events: Vec<super::VerdictEvent>) {
+    // The Workload as the Event regards it: no resourceVersion, so a repeat on a later
+    // version of the same Workload is the same series.
+    let mut reference = wl.object_ref(&workloads());
+    reference.resource_version = None;
+    for e in events {
+        let event = recorder_event(e.warning, e.reason, super::EVENT_ACTION, &e.note);
+        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(
+                %error,
+                namespace = ?reference.namespace,
+                workload = ?reference.name,
+                reason = e.reason,
+                "kueue: recording the verdict as an Event"
+            );
+        }
+    }
 }
 
 fn error_policy(_wl: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -276,8 +309,13 @@ pub async fn run_controller(
     if store.wait_until_ready().await.is_err() {
         return Err(Error::Other("the AdmissionCheck watch ended".into()));
     }
+    let reporter = Reporter {
+        controller: config.manager.clone(),
+        instance: config.instance.clone(),
+    };
     let ctx = Arc::new(Context {
         status: workload_status_resource(&client).await,
+        recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         inventory,
         checks: store,

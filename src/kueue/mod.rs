@@ -122,6 +122,13 @@ pub fn finished(workload: &Value) -> bool {
         .any(|c| str_at(c, "/type") == Some("Finished") && str_at(c, "/status") == Some("True"))
 }
 
+/// Whether the Workload is active: Kueue sets `spec.active: false` when it deactivates one
+/// (a check Rejected, say); its checks are reset to `Pending` while its quota is released,
+/// and are not vramguard's to judge again.
+pub fn active(workload: &Value) -> bool {
+    workload.pointer("/spec/active") != Some(&Value::Bool(false))
+}
+
 /// The flavor each pod set was assigned for its GPUs: the flavor of
 /// `nvidia.com/gpu`, else of a MIG resource, else of any resource.
 pub fn assigned_flavors(workload: &Value) -> BTreeMap<String, String> {
@@ -393,6 +400,67 @@ pub fn status_patch(
         },
         "status": {"admissionChecks": checks},
     })
+}
+
+/// The Event vramguard records on a Workload whose check it sets (`kubectl describe
+/// workload` lists it): Kueue resets a `Rejected` or `Retry` check to `Pending` when it
+/// evicts or deactivates the Workload, and the Event is what keeps the verdict and its
+/// numbers in sight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerdictEvent {
+    /// Warning for `Retry` and `Rejected`, Normal for `Ready`.
+    pub warning: bool,
+    /// `VramFit`, `VramRetry` or `VramRejected`.
+    pub reason: &'static str,
+    /// The verdict's message (numbers and the change).
+    pub note: String,
+}
+
+/// The action the Events of [`verdict_events`] are recorded under.
+pub const EVENT_ACTION: &str = "AdmissionCheck";
+
+impl CheckState {
+    /// Whether its Event is a Warning, and its reason; `None` for `Pending` (nothing decided).
+    pub fn event_reason(self) -> Option<(bool, &'static str)> {
+        match self {
+            CheckState::Pending => None,
+            CheckState::Ready => Some((false, "VramFit")),
+            CheckState::Retry => Some((true, "VramRetry")),
+            CheckState::Rejected => Some((true, "VramRejected")),
+        }
+    }
+}
+
+/// The Events for what [`status_patch`] changes: one for each distinct verdict of a check
+/// whose state it changes (the check's state on `workload` differs); none when every check
+/// keeps its state, so a reconcile that decides again what was decided records nothing.
+pub fn verdict_events(workload: &Value, verdicts: &BTreeMap<String, Verdict>) -> Vec<VerdictEvent> {
+    let mut out: Vec<VerdictEvent> = Vec::new();
+    for c in workload
+        .pointer("/status/admissionChecks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(v) = str_at(c, "/name").and_then(|n| verdicts.get(n)) else {
+            continue;
+        };
+        if str_at(c, "/state") == Some(v.state.name()) {
+            continue;
+        }
+        let Some((warning, reason)) = v.state.event_reason() else {
+            continue;
+        };
+        let event = VerdictEvent {
+            warning,
+            reason,
+            note: v.message.clone(),
+        };
+        if !out.contains(&event) {
+            out.push(event);
+        }
+    }
+    out
 }
 
 /// The merge patch that marks an AdmissionCheck of ours `Active` (Kueue

@@ -34,6 +34,13 @@ fn only_our_pending_checks_are_ours_to_decide() {
         Value::Null,
     );
     assert!(pending_checks(&done, &ours()).is_empty());
+    // Deactivated by Kueue (its checks reset to Pending while quota is released): not judged.
+    assert!(active(&wl));
+    let mut off = wl.clone();
+    off["spec"]["active"] = json!(false);
+    assert!(!active(&off));
+    off["spec"]["active"] = json!(true);
+    assert!(active(&off));
 }
 
 #[test]
@@ -166,4 +173,77 @@ fn status_is_written_in_v1beta2_where_served() {
     assert_eq!(status_version(["v1beta2", "v1beta1"]), "v1beta2");
     assert_eq!(status_version(["v1beta1"]), "v1beta1");
     assert_eq!(status_version([]), "v1beta1");
+}
+
+#[test]
+fn a_check_whose_state_changes_is_recorded_as_an_event_of_its_verdict() {
+    let pending = workload(
+        json!([
+            {"name": "vram", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
+            {"name": "prov", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
+        ]),
+        Value::Null,
+    );
+    let cases = [
+        (CheckState::Ready, false, "VramFit"),
+        (CheckState::Retry, true, "VramRetry"),
+        (CheckState::Rejected, true, "VramRejected"),
+    ];
+    for (state, warning, reason) in cases {
+        let message = format!("vramguard: 93.4 GiB per GPU > 79.6 GiB; {}", state.name());
+        let verdicts = BTreeMap::from([(
+            "vram".to_string(),
+            Verdict {
+                state,
+                message: message.clone(),
+            },
+        )]);
+        assert_eq!(
+            verdict_events(&pending, &verdicts),
+            vec![VerdictEvent {
+                warning,
+                reason,
+                note: message,
+            }],
+            "{state:?}"
+        );
+    }
+}
+
+#[test]
+fn no_event_when_no_check_changes_state() {
+    let verdict = |state| Verdict {
+        state,
+        message: "vramguard: fits NVIDIA-H100-80GB-HBM3 as written".into(),
+    };
+    for state in [CheckState::Ready, CheckState::Retry, CheckState::Rejected] {
+        let decided = workload(
+            json!([{"name": "vram", "state": state.name(), "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "message": "said before"}]),
+            Value::Null,
+        );
+        let verdicts = BTreeMap::from([("vram".to_string(), verdict(state))]);
+        assert_eq!(verdict_events(&decided, &verdicts), vec![], "{state:?}");
+    }
+    // Nothing decided (a check the Workload does not list, or no verdict), nothing recorded.
+    let pending = workload(
+        json!([{"name": "prov", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""}]),
+        Value::Null,
+    );
+    let verdicts = BTreeMap::from([("vram".to_string(), verdict(CheckState::Ready))]);
+    assert!(verdict_events(&pending, &verdicts).is_empty());
+    assert!(verdict_events(&pending, &BTreeMap::new()).is_empty());
+    // Two checks of ours set alike: one Event.
+    let two = workload(
+        json!([
+            {"name": "vram", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
+            {"name": "vram-2", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
+        ]),
+        Value::Null,
+    );
+    let verdicts = BTreeMap::from([
+        ("vram".to_string(), verdict(CheckState::Ready)),
+        ("vram-2".to_string(), verdict(CheckState::Ready)),
+    ]);
+    assert_eq!(verdict_events(&two, &verdicts).len(), 1);
 }

@@ -154,21 +154,28 @@ pub fn event_for(kind: Kind, obj: &serde_json::Value, decision: &Decision) -> Op
     })
 }
 
+/// The Event kube's `Recorder` publishes for a verdict: Warning or Normal, `reason`,
+/// `action`, and `note` cut to [`MAX_NOTE`]. The audit verdicts here and the Kueue
+/// controller's check verdicts ([`crate::kueue::controller`]) are recorded with it.
+pub fn recorder_event(warning: bool, reason: &str, action: &str, note: &str) -> Event {
+    Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        note: Some(truncate(note.to_string(), MAX_NOTE)),
+        action: action.to_string(),
+        secondary: None,
+    }
+}
+
 /// Publish the queued events as `reporter` until the queue's senders are gone.
 pub async fn run(client: kube::Client, reporter: Reporter, mut queue: Queue) {
     let recorder = Recorder::new(client, reporter);
     while let Some(e) = queue.rx.recv().await {
-        let event = Event {
-            type_: if e.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: e.reason,
-            note: Some(e.note),
-            action: "Admission".to_string(),
-            secondary: None,
-        };
+        let event = recorder_event(e.warning, &e.reason, "Admission", &e.note);
         let result = match recorder.publish(&event, &e.reference).await {
             Ok(()) => Outcome::Published,
             Err(error) => {

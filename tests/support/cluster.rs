@@ -460,3 +460,128 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Creates the CustomResourceDefinition `crd`, or replaces the one of its name (with the
+/// resourceVersion it has), and waits until it is Established.
+pub async fn apply_crd(client: &Client, mut crd: serde_json::Value) {
+    let name = crd["metadata"]["name"]
+        .as_str()
+        .expect("a CRD's name")
+        .to_string();
+    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
+    let a = send(
+        client,
+        http::Method::POST,
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        JSON,
+        &crd,
+    )
+    .await;
+    if a.status == 409 {
+        let old = send(
+            client,
+            http::Method::GET,
+            &path,
+            JSON,
+            &serde_json::Value::Null,
+        )
+        .await;
+        assert_eq!(old.status, 200, "GET {path}: {}", old.body);
+        crd["metadata"]["resourceVersion"] = old.body["metadata"]["resourceVersion"].clone();
+        let a = send(client, http::Method::PUT, &path, JSON, &crd).await;
+        assert_eq!(a.status, 200, "{name}: {}", a.body);
+    } else {
+        assert_eq!(a.status, 201, "{name}: {}", a.body);
+    }
+    eventually(&format!("{name} established"), 60, || async {
+        let c = send(
+            client,
+            http::Method::GET,
+            &path,
+            JSON,
+            &serde_json::Value::Null,
+        )
+        .await;
+        c.status == 200
+            && c.body["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Established" && c["status"] == "True")
+    })
+    .await;
+}
+
+/// vramguard's Kueue AdmissionCheck controller, as `vramguard serve --kueue-admission-check`
+/// runs it (without the Lease), on the GpuNodes of `examples/cluster.yaml`.
+pub struct KueueController {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), vramguard::kueue::controller::Error>>,
+}
+
+impl KueueController {
+    pub fn start(client: &Client) -> KueueController {
+        use vramguard::kueue::controller;
+        let nodes = vramguard::cli::serve::read_cluster(&root().join("examples/cluster.yaml"))
+            .expect("examples/cluster.yaml");
+        let source = vramguard::inventory::Static::new(
+            nodes,
+            k8s_openapi::jiff::Timestamp::now().as_second(),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(controller::run_controller(
+            client.clone(),
+            std::sync::Arc::new(source),
+            controller::Config::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        KueueController { stop, task }
+    }
+
+    /// Asks it to stop and gives it 10 s to.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+/// The `events.k8s.io/v1` Events in `ns` regarding the object with `uid` (a field selector
+/// on `regarding.uid`, as `kubectl describe` lists an object's Events).
+pub async fn events_regarding(client: &Client, ns: &str, uid: &str) -> Vec<serde_json::Value> {
+    let path = format!(
+        "/apis/events.k8s.io/v1/namespaces/{ns}/events?fieldSelector=regarding.uid%3D{uid}"
+    );
+    let a = send(
+        client,
+        http::Method::GET,
+        &path,
+        JSON,
+        &serde_json::Value::Null,
+    )
+    .await;
+    assert_eq!(a.status, 200, "GET {path}: {}", a.body);
+    a.body["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The first Event in `ns` regarding the object with `uid` whose reason is `reason` (any
+/// reason when `None`), waiting up to 60 s for it.
+pub async fn event_regarding(
+    client: &Client,
+    ns: &str,
+    uid: &str,
+    reason: Option<&str>,
+) -> serde_json::Value {
+    let what = format!(
+        "an Event {} on {ns}/{uid}",
+        reason.unwrap_or("(any reason)")
+    );
+    until_some(&what, 60, || async {
+        events_regarding(client, ns, uid)
+            .await
+            .into_iter()
+            .find(|e| reason.is_none_or(|r| e["reason"] == r))
+    })
+    .await
+}
