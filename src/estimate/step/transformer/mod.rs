@@ -80,6 +80,11 @@ pub(super) struct Setting<'a> {
     strategy_is_torch: bool,
     /// The largest single weight matrix on this rank (elements).
     largest_matrix: f64,
+    /// The largest weight matrix of one block on this rank (elements).
+    largest_block_matrix: f64,
+    /// Gradients of earlier micro-batches are live through the step (the
+    /// same rule as `StepModel::accumulating`).
+    accumulating: bool,
     /// One block's linears, gathered at the compute dtype (bytes).
     block_gathered: f64,
     /// The MLP's width per token on this rank.
@@ -147,6 +152,11 @@ impl<'a> Setting<'a> {
             inference: t.mode == TrainingMode::Inference,
             strategy_is_torch: matches!(p.strategy, Strategy::Ddp | Strategy::Fsdp),
             largest_matrix: counts.largest_matrix as f64 / tp,
+            largest_block_matrix: counts.largest_block_matrix as f64 / tp,
+            accumulating: match t.global_batch_size {
+                Some(_) => job.gradient_accumulation_steps > 1,
+                None => profile.accumulates_by_default,
+            },
             block_gathered: counts.block_linear as f64 / tp * elem,
             i_width: arch.mlp_width_per_token() / tp,
             counts,
@@ -194,6 +204,8 @@ pub(super) fn transformer_stage(
         frozen_from_start: w.frozen_from_start,
         grads: g.grads,
         grads_live_in_backward: g.grads_live_in_backward,
+        grads_after_blocks: g.grads_after_blocks,
+        tail_temp: g.tail_temp,
         optimizer: g.optimizer,
         optimizer_paged: g.optimizer_paged,
         optimizer_temp: g.optimizer_temp,
