@@ -170,6 +170,8 @@ pub(super) struct Stage {
     decode_logits: f64,
     decode_temp: f64,
     large_tensors: f64,
+    /// Those of them large enough for a segment of their own.
+    own_segment_tensors: f64,
     largest_tensor: f64,
     /// What the step allocates and frees, for the caching allocator's replay.
     pub(super) churn: Churn,
@@ -424,7 +426,12 @@ impl StepModel {
         let churned = peak.get(Component::Activations)
             + peak.get(Component::Logits)
             + peak.get(Component::Temporaries);
-        ROUNDING_PER_TENSOR * self.stage.large_tensors
+        ROUNDING_PER_TENSOR
+            * bounds::rounded_tensors(
+                &self.ends,
+                self.stage.large_tensors,
+                self.stage.own_segment_tensors,
+            )
             + bounds::fragmentation_share(&self.ends, &self.facts, &self.stage.churn) * churned
     }
 

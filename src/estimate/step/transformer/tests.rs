@@ -225,3 +225,24 @@ fn an_untied_embedding_gradient_comes_last_and_a_tied_one_is_summed_into_the_hea
     assert_eq!(after, 0.0);
     assert!(tail > 0.0);
 }
+
+#[test]
+fn only_tensors_of_ten_mib_or_more_get_a_rounded_segment_of_their_own() {
+    let counts = |spec: &str| {
+        let j = job(spec);
+        let p = profile(&j);
+        let gpu = gpus::find("h100-80gb").expect("h100-80gb is in the catalog");
+        let s = transformer_stage(&j, gpu, &arch(&j), true, true, &p, &POINT);
+        (s.large_tensors, s.own_segment_tensors)
+    };
+    // BERT-base: 768 x 3072 is 9 MiB in fp32, every block's tensor shares a
+    // 20 MiB segment.
+    let (counted, own) = counts("model: {preset: bert-base}\ntraining: {precision: fp32}\n");
+    assert!(counted > 0.0);
+    assert_eq!(own, 0.0);
+    // Llama-3-8B in fp32 with AdamW: q, o (64 MiB) k, v (16 MiB) and the
+    // three MLP matrices (224 MiB), in five copies, in each of 32 blocks.
+    let (counted, own) = counts("model: {preset: llama-3-8b}\ntraining: {precision: fp32}\n");
+    assert_eq!(own, 32.0 * 7.0 * 5.0);
+    assert!(own <= counted);
+}
