@@ -20,6 +20,9 @@ pub struct Counts {
     pub small: u64,
     /// The largest single weight matrix (elements).
     pub largest_matrix: u64,
+    /// The largest weight matrix inside a block (elements): the embedding
+    /// and the head left out.
+    pub largest_block_matrix: u64,
 }
 
 fn mul(a: u64, b: u64) -> Option<u64> {
@@ -168,6 +171,7 @@ pub fn count(a: &Arch, head: Head, num_labels: u64) -> Option<Counts> {
         linear,
         small,
         largest_matrix,
+        largest_block_matrix: attn_l.max(mlp_l).max(dense_l),
     })
 }
 

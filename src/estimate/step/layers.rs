@@ -56,6 +56,8 @@ pub(super) fn custom_stage(
         frozen_from_start: false,
         grads,
         grads_live_in_backward: 0.0,
+        grads_after_blocks: 0.0,
+        tail_temp: 0.0,
         optimizer,
         optimizer_paged,
         optimizer_temp,
@@ -79,6 +81,7 @@ pub(super) fn custom_stage(
         decode_logits: 0.0,
         decode_temp: 0.0,
         large_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
+        own_segment_tensors: (parameters * 4.0 / (64.0 * MIB)).min(1e6),
         largest_tensor: (parameters / 100.0 * elem).min(4.0 * GIB),
         churn: Churn {
             blocks: 1.0,
@@ -157,6 +160,8 @@ pub(super) fn layers_stage(
         frozen_from_start: false,
         grads,
         grads_live_in_backward: 0.0,
+        grads_after_blocks: 0.0,
+        tail_temp: 0.0,
         optimizer,
         optimizer_paged,
         optimizer_temp,
@@ -192,6 +197,7 @@ pub(super) fn layers_stage(
         decode_logits: 0.0,
         decode_temp: 0.0,
         large_tensors: stack.parameter_tensors as f64,
+        own_segment_tensors: stack.parameter_tensors as f64,
         largest_tensor: (stack.largest_param_elems as f64 * r.weight.max(elem)).max(largest_act),
         churn: Churn {
             blocks: 1.0,

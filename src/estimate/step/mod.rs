@@ -138,6 +138,13 @@ pub(super) struct Stage {
     frozen_from_start: bool,
     grads: f64,
     grads_live_in_backward: f64,
+    /// A gradient backward makes after every block (an untied token
+    /// embedding's, without accumulation): not yet live while the first
+    /// block runs backward.
+    grads_after_blocks: f64,
+    /// What the embedding's backward holds beside every gradient at the end
+    /// of backward (a tied embedding's new gradient, summed into the head's).
+    tail_temp: f64,
     optimizer: f64,
     optimizer_paged: f64,
     optimizer_temp: f64,
@@ -163,6 +170,8 @@ pub(super) struct Stage {
     decode_logits: f64,
     decode_temp: f64,
     large_tensors: f64,
+    /// Those of them large enough for a segment of their own.
+    own_segment_tensors: f64,
     largest_tensor: f64,
     /// What the step allocates and frees, for the caching allocator's replay.
     pub(super) churn: Churn,
@@ -367,17 +376,32 @@ impl StepModel {
         out.push(bs);
         out.push(bl);
 
+        // The end of backward is the larger of two moments. First the first
+        // block's backward: its activations and temporaries, every gradient
+        // but those made after it.
         let mut be = base(StepPhase::BackwardEnd);
         // Autocast's casts die with the saved tensors of their blocks' matmuls
         // as backward walks down (`bounds::casts_at_backward_end`).
         let casts_left = s.casts * bounds::casts_at_backward_end(&self.ends);
         be.components[Component::Weights as usize] +=
             s.weight_transient - s.casts + casts_left + s.frozen_unsharded;
-        be.components[Component::Gradients as usize] = s.grads;
+        be.components[Component::Gradients as usize] = s.grads - s.grads_after_blocks;
         be.components[Component::Activations as usize] = s.layer_activations;
         be.components[Component::Temporaries as usize] = s.temp_backward;
         be.components[Component::CommBuffers as usize] = s.comm;
-        out.push(be);
+        // Then the embedding's backward: every gradient, no block's saved
+        // tensors or casts left (the meta-device reference's `backward:tail`).
+        let mut tail = base(StepPhase::BackwardEnd);
+        tail.components[Component::Weights as usize] +=
+            s.weight_transient - s.casts + s.frozen_unsharded;
+        tail.components[Component::Gradients as usize] = s.grads;
+        tail.components[Component::Temporaries as usize] = s.tail_temp;
+        tail.components[Component::CommBuffers as usize] = s.comm;
+        out.push(if tail.allocated() > be.allocated() {
+            tail
+        } else {
+            be
+        });
 
         let mut opt = base(StepPhase::OptimizerStep);
         opt.components[Component::Gradients as usize] = s.grads;
@@ -402,7 +426,12 @@ impl StepModel {
         let churned = peak.get(Component::Activations)
             + peak.get(Component::Logits)
             + peak.get(Component::Temporaries);
-        ROUNDING_PER_TENSOR * self.stage.large_tensors
+        ROUNDING_PER_TENSOR
+            * bounds::rounded_tensors(
+                &self.ends,
+                self.stage.large_tensors,
+                self.stage.own_segment_tensors,
+            )
             + bounds::fragmentation_share(&self.ends, &self.facts, &self.stage.churn) * churned
     }
 

@@ -80,6 +80,11 @@ pub(super) struct Setting<'a> {
     strategy_is_torch: bool,
     /// The largest single weight matrix on this rank (elements).
     largest_matrix: f64,
+    /// The largest weight matrix of one block on this rank (elements).
+    largest_block_matrix: f64,
+    /// Gradients of earlier micro-batches are live through the step (the
+    /// same rule as `StepModel::accumulating`).
+    accumulating: bool,
     /// One block's linears, gathered at the compute dtype (bytes).
     block_gathered: f64,
     /// The MLP's width per token on this rank.
@@ -147,6 +152,11 @@ impl<'a> Setting<'a> {
             inference: t.mode == TrainingMode::Inference,
             strategy_is_torch: matches!(p.strategy, Strategy::Ddp | Strategy::Fsdp),
             largest_matrix: counts.largest_matrix as f64 / tp,
+            largest_block_matrix: counts.largest_block_matrix as f64 / tp,
+            accumulating: match t.global_batch_size {
+                Some(_) => job.gradient_accumulation_steps > 1,
+                None => profile.accumulates_by_default,
+            },
             block_gathered: counts.block_linear as f64 / tp * elem,
             i_width: arch.mlp_width_per_token() / tp,
             counts,
@@ -185,7 +195,7 @@ pub(super) fn transformer_stage(
         a.activations = 0.0;
         l.forward = decode.prefill_logits;
     }
-    let (large_tensors, largest_tensor) = tensors(&st, w.trainable, &l);
+    let (large_tensors, own_segment_tensors, largest_tensor) = tensors(&st, w.trainable, &l);
     Stage {
         weights: w.weights,
         weight_transient: w.weight_transient,
@@ -194,6 +204,8 @@ pub(super) fn transformer_stage(
         frozen_from_start: w.frozen_from_start,
         grads: g.grads,
         grads_live_in_backward: g.grads_live_in_backward,
+        grads_after_blocks: g.grads_after_blocks,
+        tail_temp: g.tail_temp,
         optimizer: g.optimizer,
         optimizer_paged: g.optimizer_paged,
         optimizer_temp: g.optimizer_temp,
@@ -218,6 +230,7 @@ pub(super) fn transformer_stage(
         decode_logits: decode.decode_logits,
         decode_temp: decode.decode_temp,
         large_tensors,
+        own_segment_tensors,
         largest_tensor,
         churn: churn(&st, &a, &l, &tmp, g.grads),
     }
@@ -310,21 +323,53 @@ fn comm(st: &Setting, w: &Weights, g: &States) -> f64 {
 }
 
 // ---- Tensor bookkeeping ----
-/// Tensors large enough for their own segment, and the largest one.
-fn tensors(st: &Setting, trainable: f64, l: &Logits) -> (f64, f64) {
-    let t = st.t;
-    let per_block_tensors = 9.0;
-    let copies = 1.0
-        + if trainable > 0.0 && t.mode == TrainingMode::Full {
-            1.0 + match t.optimizer {
-                Optimizer::Sgd => 0.0,
-                Optimizer::SgdMomentum => 1.0,
-                _ => 2.0,
-            }
-        } else {
-            0.0
+/// Requests of at least this many bytes get a segment of their own, rounded
+/// up to 2 MiB; smaller ones share 20 MiB segments (`kMinLargeAlloc`,
+/// `get_allocation_size`, c10/cuda/CUDACachingAllocator.cpp, pytorch/pytorch
+/// @ 001074d25084fdb87a799823e395a50f5ec044d3).
+const OWN_SEGMENT: f64 = 10.0 * MIB;
+
+/// Tensors counted for the 2 MiB rounding of their segments (nine per
+/// block, in every copy: stored, gradient, optimizer states and one at the
+/// compute dtype), those of them that do get a segment of their own, and the
+/// largest tensor.
+///
+/// A copy of at least [`OWN_SEGMENT`] bytes gets its own segment and loses
+/// `ROUNDING_PER_TENSOR` on average to its rounding; smaller ones (the
+/// norms, and every matrix of a small model: BERT-base's 768 x 3072 is
+/// 4.5 MiB in bf16) are packed into shared 20 MiB segments and lose nothing
+/// to it (`bounds::rounded_tensors`).
+fn tensors(st: &Setting, trainable: f64, l: &Logits) -> (f64, f64, f64) {
+    let (t, a, r) = (st.t, st.arch, &st.r);
+    let (h, tp) = (st.h, st.tp);
+    let q = (a.heads * a.head_dim) as f64 / tp;
+    let kv = (a.kv_heads * a.head_dim) as f64 / tp;
+    let mlp_matrices = match a.mlp {
+        crate::api::arch::Mlp::Gated => 3.0,
+        crate::api::arch::Mlp::Standard => 2.0,
+    } * a.experts.max(1) as f64;
+    // (elements, how many) of one block's matrices on this rank.
+    let i = a.intermediate as f64 / tp;
+    let matrices = [(h * q, 2.0), (h * kv, 2.0), (h * i, mlp_matrices)];
+    let mut copies = vec![r.weight, st.elem];
+    if trainable > 0.0 && t.mode == TrainingMode::Full {
+        copies.push(r.grad);
+        let states = match t.optimizer {
+            Optimizer::Sgd => 0,
+            Optimizer::SgdMomentum => 1,
+            _ => 2,
         };
-    let large_tensors = st.stage_blocks * per_block_tensors * (copies + 1.0);
+        copies.extend(std::iter::repeat_n(r.state, states));
+    }
+    let own_per_block: f64 = copies
+        .iter()
+        .flat_map(|bytes| matrices.iter().map(move |(n, k)| (n * bytes, *k)))
+        .filter(|(bytes, _)| *bytes >= OWN_SEGMENT)
+        .map(|(_, k)| k)
+        .sum();
+    let per_block_tensors = 9.0;
+    let large_tensors = st.stage_blocks * per_block_tensors * copies.len() as f64;
+    let own_segment = (st.stage_blocks * own_per_block).min(large_tensors);
     let logits_tensor = if st.last && st.lm_head() && !st.inference {
         match t.loss {
             Loss::Standard => l.logit_tokens * l.vocab_rank * 4.0,
@@ -344,7 +389,7 @@ fn tensors(st: &Setting, trainable: f64, l: &Logits) -> (f64, f64) {
         .max(scores)
         .max(st.tokens * st.i_width * st.elem)
         .max(st.b * s * 8.0);
-    (large_tensors, largest_tensor)
+    (large_tensors, own_segment, largest_tensor)
 }
 
 /// Autocast casts and saved dequantized weights: the share of blocks that are

@@ -168,3 +168,81 @@ fn generation_holds_the_cache_at_its_full_length_for_the_last_token() {
         assert_eq!(inference::decode(st, 32.0), inference::Decode::default());
     });
 }
+
+#[test]
+fn a_weight_gradient_is_kept_as_made_and_only_autocast_adds_its_16_bit_copy() {
+    // Llama-3-8B's untied head, 128256 x 4096: the largest matrix.
+    let (h, vocab, ff) = (4096.0, 128256.0, 14336.0);
+    let head_temp = |spec: &str| {
+        let j = job(spec);
+        with(&j, &profile(&j), &POINT, |st| {
+            let ctx = saved::act_context(st);
+            let t = saved::temporaries(st, &ctx, 0.0);
+            let block = t.backward
+                - st.tokens
+                    * st.elem
+                    * bounds::backward_temporaries(st.ends, st.i_width, st.h, 0.0);
+            (t.head, block)
+        })
+    };
+    // fp32: the matmul's output is the gradient AccumulateGrad keeps.
+    let (head, block) = head_temp("model: {preset: llama-3-8b}\ntraining: {precision: fp32}\n");
+    assert_eq!((head, block), (0.0, 0.0));
+    // Autocast: the 16-bit gradient of the cast beside its fp32 copy; a
+    // block's largest matrix's is a transient, the head's takes the place of
+    // the head's cast, which its matmul's backward has released.
+    let (head, block) =
+        head_temp("model: {preset: llama-3-8b}\ntraining: {precision: bf16-mixed}\n");
+    assert_eq!(head, 0.0);
+    assert_eq!(block, ff * h * 2.0);
+    // Accumulating micro-batches: the new fp32 gradient is added into `.grad`.
+    let (head, _) = head_temp(
+        "model: {preset: llama-3-8b}\ntraining: {precision: bf16-mixed, globalBatchSize: 2}\n",
+    );
+    assert_eq!(head, vocab * h * 4.0);
+}
+
+#[test]
+fn an_untied_embedding_gradient_comes_last_and_a_tied_one_is_summed_into_the_heads() {
+    let ends = |spec: &str| {
+        let j = job(spec);
+        with(&j, &profile(&j), &POINT, |st| {
+            let w = weights::weights(st);
+            let g = states::gradients(st, &w);
+            (w.embedding * 4.0, g.grads_after_blocks, g.tail_temp)
+        })
+    };
+    // Untied (Llama-3-8B): not live while the first block runs backward.
+    let (embedding, after, tail) = ends("model: {preset: llama-3-8b}\n");
+    assert_eq!((after, tail), (embedding, 0.0));
+    // Tied (Llama-3.2-1B): the head's gradient waits for it, and the new
+    // one is a transient until it is added in.
+    let (embedding, after, tail) = ends("model: {preset: llama-3.2-1b}\n");
+    assert_eq!((after, tail), (0.0, embedding));
+    // Under ZeRO the largest matrix's gradient stays counted, as before.
+    let (_, after, tail) =
+        ends("model: {preset: llama-3-8b}\nparallelism: {gpus: 8, strategy: fsdp, zeroStage: 3}\n");
+    assert_eq!(after, 0.0);
+    assert!(tail > 0.0);
+}
+
+#[test]
+fn only_tensors_of_ten_mib_or_more_get_a_rounded_segment_of_their_own() {
+    let counts = |spec: &str| {
+        let j = job(spec);
+        let p = profile(&j);
+        let gpu = gpus::find("h100-80gb").expect("h100-80gb is in the catalog");
+        let s = transformer_stage(&j, gpu, &arch(&j), true, true, &p, &POINT);
+        (s.large_tensors, s.own_segment_tensors)
+    };
+    // BERT-base: 768 x 3072 is 9 MiB in fp32, every block's tensor shares a
+    // 20 MiB segment.
+    let (counted, own) = counts("model: {preset: bert-base}\ntraining: {precision: fp32}\n");
+    assert!(counted > 0.0);
+    assert_eq!(own, 0.0);
+    // Llama-3-8B in fp32 with AdamW: q, o (64 MiB) k, v (16 MiB) and the
+    // three MLP matrices (224 MiB), in five copies, in each of 32 blocks.
+    let (counted, own) = counts("model: {preset: llama-3-8b}\ntraining: {precision: fp32}\n");
+    assert_eq!(own, 32.0 * 7.0 * 5.0);
+    assert!(own <= counted);
+}
