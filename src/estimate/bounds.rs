@@ -66,10 +66,13 @@ pub enum Mechanism {
     SdpaMathFallback,
     /// What a compiled block saves: the partitioner's cut or eager's set.
     CompiledActivations,
+    /// An MoE block's fused experts run one expert at a time, each making a
+    /// full-size gradient of the 3-D expert weights.
+    ExpertLoop,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -87,6 +90,7 @@ impl Mechanism {
         Mechanism::DequantizedWeights,
         Mechanism::SdpaMathFallback,
         Mechanism::CompiledActivations,
+        Mechanism::ExpertLoop,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -108,6 +112,7 @@ impl Mechanism {
             Mechanism::DequantizedWeights => "dequantizedWeights",
             Mechanism::SdpaMathFallback => "sdpaMathFallback",
             Mechanism::CompiledActivations => "compiledActivations",
+            Mechanism::ExpertLoop => "expertLoop",
         }
     }
 
@@ -138,6 +143,9 @@ impl Mechanism {
                 "training.runtime.transformers and .pytorch, attention: flash"
             }
             Mechanism::CompiledActivations => "nothing in the spec (the partitioner's cut)",
+            Mechanism::ExpertLoop => {
+                "training.runtime.transformers (before 5 each expert is its own linear)"
+            }
         }
     }
 }
@@ -406,6 +414,46 @@ pub fn compiled_activations(
         && arch.experts == 0
         && arch.kind == crate::api::arch::Kind::Decoder;
     applies && ends.pick(Mechanism::CompiledActivations, 1.0, 1.0, 0.0) > 0.5
+}
+
+/// Whether an MoE block's fused 3-D experts run Transformers' per-expert
+/// loop, whose backward makes a full-size gradient of each 3-D weight once
+/// per expert.
+///
+/// From 5.0 Transformers keeps a block's experts in one 3-D parameter per
+/// projection (`MixtralExperts.gate_up_proj`: experts × 2·intermediate ×
+/// hidden, `down_proj`). Its eager forward loops over the experts hit and
+/// multiplies by `self.gate_up_proj[expert_idx]` and
+/// `self.down_proj[expert_idx]` (models/mixtral/modeling_mixtral.py,
+/// transformers 5.24.0). `select`'s derivative is `select_backward`
+/// (tools/autograd/derivatives.yaml), which makes zeros of the whole 3-D
+/// size and copies the expert's gradient into its slice
+/// (aten/src/ATen/native/TensorShape.cpp). Autograd's input buffer sums the
+/// experts' gradients of the weight in place into the first when it holds
+/// its last reference (torch/csrc/autograd/input_buffer.cpp, `accumulate`,
+/// `can_accumulate_inplace`): that first tensor becomes `.grad`, and every
+/// later expert's full-size tensor is a transient freed once it is added,
+/// one of each projection alive at a time. Checked in the reference
+/// environment (torch 2.15.0, CPU, profiler): eight experts' selects of one
+/// 3-D parameter run eight `select_backward` and seven `add_` in backward.
+/// (Under a Python dispatch mode autograd adds out of place, so the
+/// meta-device tracker sees two transients of each at once.)
+///
+/// The loop is the `eager` experts implementation. Transformers 5 defaults
+/// to `grouped_mm` (modeling_utils.py, `get_correct_experts_implementation`),
+/// whose backward makes one gradient per projection (`torch._grouped_mm`, or
+/// `_grouped_mm_fallback_bwd`'s `zeros_like(weight)` once, integrations/moe.py);
+/// `experts_implementation="eager"` picks the loop (the ground-truth harness
+/// routes through the same loop, `benches/reference/sweep.py`, `even_routing`).
+/// Before 5 each expert is its own linear (`MixtralBlockSparseTop2MLP`) and
+/// its gradient its own size.
+///
+/// - low and point: `grouped_mm`, no transient.
+/// - high: the loop, on a model with experts that runs Transformers' modules
+///   (`own_modules` false) unless the release is known to be before 5.
+pub fn expert_loop(ends: &Ends, facts: &Facts, experts: u64, own_modules: bool) -> bool {
+    let fused = facts.runtime.transformers.is_none_or(|t| t >= (5, 0));
+    experts > 1 && !own_modules && fused && ends.of(Mechanism::ExpertLoop) == End::High
 }
 
 /// cuDNN convolution workspace. PyTorch tries algorithms in cuDNN's
@@ -714,86 +762,4 @@ pub fn casts_at_backward_end(ends: &Ends) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_mechanism_is_listed_once_in_order() {
-        for (i, m) in Mechanism::ALL.iter().enumerate() {
-            assert_eq!(*m as usize, i);
-        }
-    }
-
-    #[test]
-    fn point_but_moves_one_mechanism_only() {
-        let e = Ends::point_but(Mechanism::Fragmentation, End::High);
-        for m in Mechanism::ALL {
-            let want = if m == Mechanism::Fragmentation {
-                End::High
-            } else {
-                End::Point
-            };
-            assert_eq!(e.of(m), want);
-        }
-    }
-
-    #[test]
-    fn expandable_segments_and_fixed_shapes_narrow_fragmentation() {
-        let c = crate::estimate::caching::tests::llama_block();
-        let mut f = Facts::default();
-        let share = |f: &Facts, end| fragmentation_share(&Ends::all(end), f, &c);
-        let high = share(&f, End::High);
-        assert!(share(&f, End::Point) < high);
-        assert_eq!(share(&f, End::Low), 0.0);
-        f.batching = Some(Batching::Packed);
-        assert!(share(&f, End::High) < high);
-        f.batching = None;
-        f.allocator.expandable_segments = true;
-        assert!(share(&f, End::High) < high);
-    }
-
-    #[test]
-    fn a_known_lazy_runtime_drops_the_eager_context() {
-        let point = 512.0 * MIB;
-        let unknown = cuda_context(&Ends::all(End::High), &Facts::default(), point);
-        assert_eq!(unknown, EAGER_CONTEXT_HIGH);
-        let mut f = Facts::default();
-        f.runtime.cuda = Some((12, 1));
-        f.runtime.pytorch = Some((2, 4));
-        assert_eq!(
-            cuda_context(&Ends::all(End::High), &f, point),
-            point + 512.0 * MIB
-        );
-        f.runtime.cuda = Some((11, 3));
-        assert_eq!(
-            cuda_context(&Ends::all(End::High), &f, point),
-            EAGER_CONTEXT_HIGH
-        );
-    }
-
-    #[test]
-    fn transformers_release_pins_the_logits_copies() {
-        let hi = Ends::all(End::High);
-        let mut f = Facts::default();
-        assert_eq!(logits_extra_bytes(&hi, &f, false, 2.0), 4.0);
-        assert_eq!(logits_extra_bytes(&hi, &f, true, 2.0), 0.0);
-        f.runtime.transformers = Some((4, 50));
-        assert_eq!(logits_extra_bytes(&hi, &f, false, 2.0), 0.0);
-        // 4.46 to 4.48: the shifted fp32 copy beside the model's 16-bit output.
-        f.runtime.transformers = Some((4, 47));
-        assert_eq!(
-            logits_extra_bytes(&Ends::all(End::Point), &f, false, 2.0),
-            4.0
-        );
-        // Up to 4.45 the model drops its 16-bit output when it upcasts.
-        f.runtime.transformers = Some((4, 40));
-        assert_eq!(
-            logits_extra_bytes(&Ends::all(End::Point), &f, false, 2.0),
-            2.0
-        );
-        assert_eq!(
-            logits_extra_bytes(&Ends::all(End::Point), &f, false, 4.0),
-            4.0
-        );
-    }
-}
+mod tests;
