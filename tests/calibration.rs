@@ -308,10 +308,10 @@ fn calibration_rows_are_reproduced() {
                 r.error * 100.0
             );
         }
-        // What the GPU rows reach today (504 rows measured on an H200: 476
+        // What the GPU rows reach today (504 rows measured on an H200: 487
         // inside); tighten as the model improves, never loosen. The rows
-        // outside are Mixtral's reserved bytes, runs of variable-length
-        // batches and the smallest models' lower ends.
+        // outside are runs of variable-length batches, three 1B Llama rows
+        // with checkpointing and the smallest models' lower ends.
         let allocated = figures(
             &rows
                 .iter()
@@ -320,8 +320,8 @@ fn calibration_rows_are_reproduced() {
                 .collect::<Vec<_>>(),
         );
         assert!(
-            inside as f64 >= 0.944 * n as f64,
-            "GPU rows: range covers {inside}/{n}, below 94.4 %"
+            inside as f64 >= 0.966 * n as f64,
+            "GPU rows: range covers {inside}/{n}, below 96.6 %"
         );
         assert!(
             over <= 0.20,
