@@ -242,8 +242,7 @@ fn estimate_stage(
         .iter()
         .map(|p| p.allocated() + model.allocator_overhead(p))
         .fold(allocated, f64::max)
-        .max(first_step::reserved(job, model, &phases))
-        + model.fp32_build();
+        .max(first_step::reserved(job, model, &phases));
     let allocator = reserved - allocated;
     let fixed = model.fixed_overheads();
     let unallocated = phases

@@ -96,24 +96,3 @@ fn the_expert_loop_is_the_high_end_of_fused_transformers_experts() {
     f.runtime.transformers = Some((5, 17));
     assert!(expert_loop(&hi, &f, 8, false));
 }
-
-#[test]
-fn an_fp32_build_is_the_high_end_of_pure_16_bit_torch_jobs() {
-    let job = |training: &str, parallelism: &str| {
-        crate::api::test_job(&format!(
-            "model: {{preset: llama-3-8b}}\ntraining: {{microBatchSize: 1, sequenceLength: 512, {training}}}\nparallelism: {{{parallelism}}}\n"
-        ))
-    };
-    let bf16 = job("precision: bf16", "gpus: 1");
-    assert_eq!(fp32_build(&Ends::all(End::High), &bf16), 1.0);
-    assert_eq!(fp32_build(&Ends::all(End::Point), &bf16), 0.0);
-    assert_eq!(fp32_build(&Ends::all(End::Low), &bf16), 0.0);
-    // Mixed precision keeps fp32 weights; ZeRO-3 shards them.
-    let mixed = job("precision: bf16-mixed", "gpus: 1");
-    assert_eq!(fp32_build(&Ends::all(End::High), &mixed), 0.0);
-    let sharded = job(
-        "precision: bf16",
-        "gpus: 8, strategy: deepspeed, zeroStage: 3",
-    );
-    assert_eq!(fp32_build(&Ends::all(End::High), &sharded), 0.0);
-}
