@@ -308,10 +308,11 @@ fn calibration_rows_are_reproduced() {
                 r.error * 100.0
             );
         }
-        // What the GPU rows reach today (504 rows measured on an H200: 484
+        // What the GPU rows reach today (504 rows measured on an H200: 493
         // inside); tighten as the model improves, never loosen. The rows
-        // outside are Mixtral's reserved bytes, runs of variable-length
-        // batches and three 1B Llama rows with checkpointing.
+        // outside are pure 16-bit runs whose model was built at fp32 on the
+        // GPU, runs of variable-length batches, three 1B Llama rows with
+        // checkpointing and the smallest models' lower ends.
         let allocated = figures(
             &rows
                 .iter()
@@ -320,8 +321,8 @@ fn calibration_rows_are_reproduced() {
                 .collect::<Vec<_>>(),
         );
         assert!(
-            inside as f64 >= 0.96 * n as f64,
-            "GPU rows: range covers {inside}/{n}, below 96 %"
+            inside as f64 >= 0.975 * n as f64,
+            "GPU rows: range covers {inside}/{n}, below 97.5 %"
         );
         assert!(
             over <= 0.20,

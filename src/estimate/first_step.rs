@@ -57,7 +57,13 @@ pub fn reserved(job: &ValidatedJob, model: &StepModel, phases: &[PhaseBytes]) ->
         .filter(|p| p.phase != StepPhase::OptimizerStep)
         .map(|p| p.allocated() - states + model.allocator_overhead(p))
         .fold(0.0, f64::max);
-    before + unserved(cached_blocks(&model.stage.churn), &tensors)
+    let churn = &model.stage.churn;
+    let mut free = free_map(cached_blocks(churn));
+    // Backward allocates the fused experts' gradients (and the expert loop's
+    // transients) after the loss has freed its planes: they take cached
+    // blocks before the states.
+    let transients = expert_gradients(&mut free, churn);
+    before + transients + place(&mut free, &tensors)
 }
 
 fn creates_states_in_first_step(job: &ValidatedJob) -> bool {
@@ -181,15 +187,66 @@ fn cached_blocks(c: &Churn) -> Vec<(u64, u64)> {
     out
 }
 
-/// Bytes of `tensors` that no block of `blocks` can take, placed largest
-/// first, each in the smallest free block at least its rounded size (the
-/// rest of the block, above 1 MiB, stays free). Tensors of the small pool
-/// never use a large block.
-fn unserved(blocks: Vec<(u64, u64)>, tensors: &[(f64, f64)]) -> f64 {
+/// Place the fused experts' gradients the first step's backward allocates
+/// (`Churn::expert_grads`), block by block from the last, between the
+/// head's and the embedding's (`Churn::edge_grads`): each takes the smallest
+/// cached block it fits (or a segment of its own), a block's down gradient
+/// before its gate-and-up one. Under the per-expert loop (`Churn::expert_loop`)
+/// each block's backward then makes one full-size transient per projection
+/// and expert, one at a time, each freed once added: a cached block takes it
+/// when one fits and gets it back whole, else it gets a segment of its own
+/// that stays cached, for the next block's gradients. Returns the bytes of
+/// those transients' new segments: reserved beyond the allocated bytes
+/// before the optimizer steps.
+fn expert_gradients(free: &mut BTreeMap<u64, u64>, c: &Churn) -> f64 {
+    let [up, down] = c.expert_grads;
+    if up < 1.0 {
+        return 0.0;
+    }
+    let [head, embedding] = c.edge_grads;
+    place(free, &[(head, head)]);
+    let blocks = c.blocks.ceil().clamp(1.0, MAX_PLACED) as u64;
+    let mut transients = 0.0;
+    for _ in 0..blocks {
+        place(free, &[(down, down)]);
+        place(free, &[(up, up)]);
+        if !c.expert_loop {
+            continue;
+        }
+        for g in [down, up] {
+            let request = round_size(g.max(0.0) as u64);
+            if g < 1.0 || free.range(request..).next().is_some() {
+                continue;
+            }
+            let segment = allocation_size(request);
+            transients += segment as f64;
+            *free.entry(segment).or_default() += 1;
+        }
+    }
+    place(free, &[(embedding, embedding)]);
+    transients
+}
+
+/// Free blocks by size: how many of each (at most `MAX_PLACED`).
+fn free_map(blocks: Vec<(u64, u64)>) -> BTreeMap<u64, u64> {
     let mut free: BTreeMap<u64, u64> = BTreeMap::new();
     for (size, count) in blocks {
         *free.entry(size).or_default() += count.min(MAX_PLACED as u64);
     }
+    free
+}
+
+/// Bytes of `tensors` that no block of `blocks` can take (`place`).
+#[cfg(test)]
+fn unserved(blocks: Vec<(u64, u64)>, tensors: &[(f64, f64)]) -> f64 {
+    place(&mut free_map(blocks), tensors)
+}
+
+/// Bytes of `tensors` that no block of `free` can take, placed largest
+/// first, each in the smallest free block at least its rounded size (the
+/// rest of the block, above 1 MiB, stays free; the block is taken from
+/// `free`). Tensors of the small pool never use a large block.
+fn place(free: &mut BTreeMap<u64, u64>, tensors: &[(f64, f64)]) -> f64 {
     let mut order: Vec<(f64, f64)> = tensors.to_vec();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut out = 0.0;
@@ -201,7 +258,7 @@ fn unserved(blocks: Vec<(u64, u64)>, tensors: &[(f64, f64)]) -> f64 {
         }
         let n = (total / one).ceil().min(MAX_PLACED) as u64;
         // Once one finds no block, none of the same size does.
-        let placed = (0..n).take_while(|_| take(&mut free, request)).count() as u64;
+        let placed = (0..n).take_while(|_| take(free, request)).count() as u64;
         out += total * (n - placed) as f64 / n.max(1) as f64;
     }
     out
@@ -247,6 +304,34 @@ mod tests {
             ),
             0.0
         );
+    }
+
+    #[test]
+    fn the_expert_loop_leaves_a_new_pair_of_transients_per_block() {
+        // Four blocks of 224 + 112 MiB expert gradients; the loss left three
+        // 250 MiB planes cached.
+        let (up, down) = (224.0 * MIB, 112.0 * MIB);
+        let mut c = Churn {
+            blocks: 4.0,
+            logits: 250.0 * MIB,
+            expert_grads: [up, down],
+            ..Churn::default()
+        };
+        let planes = cached_blocks(&c);
+        assert_eq!(planes, vec![(250 << 20, 3)]);
+        // Without the loop the gradients take the planes and add nothing.
+        let mut free = free_map(planes.clone());
+        assert_eq!(expert_gradients(&mut free, &c), 0.0);
+        assert!(free.range(112 << 20..).next().is_none());
+        // With it the last block's transients fit the third plane; every
+        // other block's find only the previous block's, which its own
+        // gradients took: a new pair each, and the last pair stays cached
+        // for the states.
+        c.expert_loop = true;
+        let mut free = free_map(planes);
+        assert_eq!(expert_gradients(&mut free, &c), 3.0 * (up + down));
+        assert_eq!(place(&mut free, &[(up, up), (down, down)]), 0.0);
+        assert_eq!(place(&mut free, &[(down, down)]), down);
     }
 
     #[test]

@@ -81,3 +81,20 @@ fn transformers_release_pins_the_logits_copies() {
         4.0
     );
 }
+
+#[test]
+fn the_expert_loop_is_the_high_end_of_fused_transformers_experts() {
+    let mut f = Facts::default();
+    let hi = Ends::all(End::High);
+    assert!(expert_loop(&hi, &f, 8, false));
+    assert!(!expert_loop(&Ends::all(End::Point), &f, 8, false));
+    assert!(!expert_loop(&Ends::all(End::Low), &f, 8, false));
+    // A dense model, a stack with its own modules, a release with one
+    // linear per expert.
+    assert!(!expert_loop(&hi, &f, 0, false));
+    assert!(!expert_loop(&hi, &f, 8, true));
+    f.runtime.transformers = Some((4, 57));
+    assert!(!expert_loop(&hi, &f, 8, false));
+    f.runtime.transformers = Some((5, 17));
+    assert!(expert_loop(&hi, &f, 8, false));
+}

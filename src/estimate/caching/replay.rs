@@ -48,6 +48,21 @@ pub struct Churn {
     /// A block's parameters gathered whole (ZeRO-3, FSDP) before its forward
     /// and again before its backward, freed after it; 0 without sharding.
     pub gathered: f64,
+    /// The gradients of one block's fused 3-D expert projections
+    /// (gate-and-up, down) when backward allocates them (full training
+    /// without sharding), else 0. Only the first step's placement reads
+    /// them (`first_step`).
+    pub expert_grads: [f64; 2],
+    /// The head's and the embedding's gradients, the first and the last
+    /// that backward makes (a tied table's at the head), placed with the
+    /// experts' (`first_step`).
+    pub edge_grads: [f64; 2],
+    /// The experts run Transformers' per-expert loop (`bounds::expert_loop`):
+    /// backward makes a full-size transient of each gradient per expert
+    /// beyond the first, freed once added. Read by the first step's
+    /// placement only; in later steps the transients find the blocks they
+    /// left.
+    pub expert_loop: bool,
 }
 
 /// How the step's shapes change over a run.
@@ -360,6 +375,10 @@ pub fn stranded_share(c: &Churn, shapes: Shapes, expandable: bool) -> (f64, f64)
         weight_forward: ratio(c.weight_forward, unit) * u,
         weight_backward: ratio(c.weight_backward, unit) * u,
         gathered: ratio(c.gathered, unit) * u,
+        // The steady step's replay leaves the experts' gradients out.
+        expert_grads: [0.0; 2],
+        edge_grads: [0.0; 2],
+        expert_loop: false,
     };
     let key: Key = (
         [

@@ -272,7 +272,72 @@ fn churn(st: &Setting, a: &Saved, l: &Logits, tmp: &Temporaries, grads: f64) -> 
         } else {
             0.0
         },
+        expert_grads: expert_grads(st),
+        edge_grads: edge_grads(st),
+        expert_loop: bounds::expert_loop(
+            st.ends,
+            &Facts::of(st.job),
+            st.arch.experts,
+            !transformers_modules(st.t),
+        ),
     }
+}
+
+/// The gradients of one block's fused 3-D expert projections (gate-and-up
+/// or up, then down) on this rank, in the gradients' dtype, when backward
+/// allocates them: full training without sharding, through the
+/// Transformers modules (`transformers_modules`) of a release that fuses the
+/// experts (5 or later; an unknown release fuses them but at the low end of
+/// `expertLoop`, where each expert is its own linear).
+fn expert_grads(st: &Setting) -> [f64; 2] {
+    let a = st.arch;
+    let fused = match st.job.runtime.transformers {
+        Some(t) => t >= (5, 0),
+        None => st.ends.of(bounds::Mechanism::ExpertLoop) != bounds::End::Low,
+    };
+    let applies = a.experts > 1
+        && fused
+        && transformers_modules(st.t)
+        && st.t.mode == TrainingMode::Full
+        && st.zero == 0
+        && !st.inference;
+    if !applies {
+        return [0.0; 2];
+    }
+    let one = a.experts as f64 * a.intermediate as f64 * st.h / st.tp * st.r.grad;
+    let up = match a.mlp {
+        crate::api::arch::Mlp::Gated => 2.0,
+        crate::api::arch::Mlp::Standard => 1.0,
+    };
+    [up * one, one]
+}
+
+/// The head's and the embedding's gradients on this rank, where the
+/// experts' are placed (`expert_grads`): a tied table's is made at the head.
+fn edge_grads(st: &Setting) -> [f64; 2] {
+    if expert_grads(st)[0] <= 0.0 {
+        return [0.0; 2];
+    }
+    let bytes = |elems: u64| elems as f64 / st.tp * st.r.grad;
+    let (head, embedding) = (bytes(st.counts.head), bytes(st.counts.embedding));
+    let head = if st.last { head } else { 0.0 };
+    let embedding = if st.first { embedding } else { 0.0 };
+    if st.arch.tied {
+        [head.max(embedding), 0.0]
+    } else {
+        [head, embedding]
+    }
+}
+
+/// The model runs Transformers' modules: every stack but those that build
+/// their own (LitGPT, torchtune, torchtitan, Megatron); a chunked loss is
+/// computed apart but over the same modules.
+fn transformers_modules(t: &TrainingSpec) -> bool {
+    use crate::api::Stack;
+    !matches!(
+        t.stack,
+        Some(Stack::Litgpt | Stack::Torchtune | Stack::Torchtitan | Stack::Megatron)
+    )
 }
 
 /// The batch's tensors and what the model keeps beside its parameters.
