@@ -43,6 +43,12 @@ pub struct PhaseBytes {
     pub phase: StepPhase,
     /// Tensor bytes per component (f64: exact below 2^53 bytes).
     pub components: [f64; Component::COUNT],
+    /// Churned bytes of an earlier moment whose stranded cache this phase
+    /// still holds in place of its own churn's (0: its own). The end of
+    /// backward's embedding moment carries the first block's backward: the
+    /// cache its activations left is not returned, and the embedding's one
+    /// gradient-sized transient is a new block beside it, not churn.
+    pub carried_churn: f64,
 }
 
 impl PhaseBytes {

@@ -321,6 +321,7 @@ impl StepModel {
             PhaseBytes {
                 phase,
                 components: c,
+                carried_churn: 0.0,
             }
         };
         if self.inference {
@@ -398,6 +399,7 @@ impl StepModel {
         tail.components[Component::Temporaries as usize] = s.tail_temp;
         tail.components[Component::CommBuffers as usize] = s.comm;
         out.push(if tail.allocated() > be.allocated() {
+            tail.carried_churn = Self::churned(&be);
             tail
         } else {
             be
@@ -423,9 +425,11 @@ impl StepModel {
 
     /// Reserved minus allocated: rounding of large blocks plus fragmentation.
     pub fn allocator_overhead(&self, peak: &PhaseBytes) -> f64 {
-        let churned = peak.get(Component::Activations)
-            + peak.get(Component::Logits)
-            + peak.get(Component::Temporaries);
+        let churned = if peak.carried_churn > 0.0 {
+            peak.carried_churn
+        } else {
+            Self::churned(peak)
+        };
         ROUNDING_PER_TENSOR
             * bounds::rounded_tensors(
                 &self.ends,
@@ -433,6 +437,11 @@ impl StepModel {
                 self.stage.own_segment_tensors,
             )
             + bounds::fragmentation_share(&self.ends, &self.facts, &self.stage.churn) * churned
+    }
+
+    /// The bytes of `p` the step makes and frees over and over (what strands cache).
+    fn churned(p: &PhaseBytes) -> f64 {
+        p.get(Component::Activations) + p.get(Component::Logits) + p.get(Component::Temporaries)
     }
 
     pub fn largest_tensor(&self) -> f64 {
