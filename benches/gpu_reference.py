@@ -19,7 +19,9 @@ whole run
 and writes them as calibration rows (`jobs/<id>.yaml` + `expected.json`) under
 benches/ground-truth/, where `cargo test --release --test calibration --
 --nocapture` sets them against the estimate's range. Each row's job names the
-PyTorch, CUDA and Transformers releases it ran under (`training.runtime`).
+PyTorch, CUDA and Transformers releases it ran under (`training.runtime`), and a pure
+16-bit run's job says its model was built at fp32 on the GPU and cast there
+(`training.weightsLoad: fp32-cast`), as `sweep.build` and `sweep.prepare` do.
 Mixtral routes evenly, as in the sweep and as the estimator assumes.
 
     python3 benches/gpu_reference.py                   # every configuration
@@ -133,6 +135,23 @@ class _Config:
         return dict(self.d)
 
 
+def loaded_as_run(job):
+    """The job with `training.weightsLoad` as the run loaded its weights: `sweep.build` makes
+    the model at fp32 on the GPU and `sweep.prepare` casts a pure 16-bit one there, so the
+    cast's freed fp32 blocks stay in the caching allocator (`fp32-cast`); mixed and fp32 runs
+    train the fp32 weights as built. Placed after `precision`, which it goes with."""
+    training = job["spec"]["training"]
+    if training["precision"] not in ("bf16", "fp16"):
+        return job
+    declared = {}
+    for k, v in training.items():
+        declared[k] = v
+        if k == "precision":
+            declared["weightsLoad"] = "fp32-cast"
+    job["spec"]["training"] = declared
+    return job
+
+
 def write_rows(rid, c, r, gpu, expected, out):
     import yaml
 
@@ -143,10 +162,11 @@ def write_rows(rid, c, r, gpu, expected, out):
         if r.get(kind) is None:
             continue  # NVML gave no per-process figure
         row = f"ref-{rid}-{kind}"
+        job = loaded_as_run(sweep.job(row, c, _Config(r["cfg"]) if r["cfg"] else None,
+                                      r["trainable"], r["adapted"]))
         with open(os.path.join(out, "jobs", f"{row}.yaml"), "w") as f:
             f.write(f"# {row}: measured on a GPU by benches/gpu_reference.py\n")
-            yaml.safe_dump(sweep.job(row, c, _Config(r["cfg"]) if r["cfg"] else None, r["trainable"], r["adapted"]), f,
-                           sort_keys=False, default_flow_style=None, width=100)
+            yaml.safe_dump(job, f, sort_keys=False, default_flow_style=None, width=100)
         expected[row] = dict(
             metric_kind=kind, measured_bytes=r[kind], oom=False,
             gpu_capacity_bytes=r["capacity"], gpu=gpu, confidence="high",

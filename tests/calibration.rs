@@ -308,11 +308,10 @@ fn calibration_rows_are_reproduced() {
                 r.error * 100.0
             );
         }
-        // What the GPU rows reach today (504 rows measured on an H200: 493
+        // What the GPU rows reach today (504 rows measured on an H200: 496
         // inside); tighten as the model improves, never loosen. The rows
-        // outside are pure 16-bit runs whose model was built at fp32 on the
-        // GPU, runs of variable-length batches, three 1B Llama rows with
-        // checkpointing and the smallest models' lower ends.
+        // outside are runs of variable-length batches, three 1B Llama rows
+        // with checkpointing and Mixtral's chunked-loss reserved row.
         let allocated = figures(
             &rows
                 .iter()
@@ -321,8 +320,8 @@ fn calibration_rows_are_reproduced() {
                 .collect::<Vec<_>>(),
         );
         assert!(
-            inside as f64 >= 0.975 * n as f64,
-            "GPU rows: range covers {inside}/{n}, below 97.5 %"
+            inside as f64 >= 0.984 * n as f64,
+            "GPU rows: range covers {inside}/{n}, below 98.4 %"
         );
         assert!(
             over <= 0.20,

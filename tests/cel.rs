@@ -141,6 +141,31 @@ const CASES: &[(&str, &str, bool)] = &[
         false,
     ),
     (
+        "fp32 cast of bf16 weights",
+        "  model: {preset: gpt2}\n  training: {precision: bf16, weightsLoad: fp32-cast}\n",
+        true,
+    ),
+    (
+        "fp32 cast of fp16 weights",
+        "  model: {preset: gpt2}\n  training: {precision: fp16, weightsLoad: fp32-cast}\n",
+        true,
+    ),
+    (
+        "fp32 cast under mixed precision",
+        "  model: {preset: gpt2}\n  training: {precision: bf16-mixed, weightsLoad: fp32-cast}\n",
+        false,
+    ),
+    (
+        "fp32 cast under the default precision",
+        "  model: {preset: gpt2}\n  training: {weightsLoad: fp32-cast}\n",
+        false,
+    ),
+    (
+        "dtype load under mixed precision",
+        "  model: {preset: gpt2}\n  training: {precision: fp16-mixed, weightsLoad: dtype}\n",
+        true,
+    ),
+    (
         "safety margin 1.5",
         "  model: {preset: gpt2}\n  fitPolicy: {safetyMargin: 1.5}\n",
         false,

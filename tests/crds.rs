@@ -193,6 +193,7 @@ fn enums_list_the_allowed_values() {
             &["none", "selective", "op-selective", "full"],
         ),
         ("spec.training.attention", &["eager", "sdpa", "flash"]),
+        ("spec.training.weightsLoad", &["dtype", "fp32-cast"]),
         (
             "spec.parallelism.pipelineSchedule",
             &["gpipe", "1f1b", "interleaved-1f1b"],

@@ -870,6 +870,46 @@ fn generation_is_for_inference_and_its_cache_must_hold_the_tokens() {
 }
 
 #[test]
+fn an_fp32_cast_is_declared_only_with_16_bit_weights() {
+    for precision in ["bf16", "fp16"] {
+        for load in ["fp32-cast", "dtype"] {
+            let spec = format!(
+                "model: {{preset: llama-3.1-8b}}\ntraining: {{mode: lora, precision: {precision}, weightsLoad: {load}}}"
+            );
+            assert!(check(&job(&spec)).is_ok(), "{spec}");
+        }
+    }
+    for precision in ["bf16-mixed", "fp16-mixed", "fp32", "tf32"] {
+        let spec = format!(
+            "model: {{preset: llama-3.1-8b}}\ntraining: {{mode: lora, precision: {precision}, weightsLoad: fp32-cast}}"
+        );
+        let errs = errors(&job(&spec));
+        assert_eq!(paths(&errs), ["spec.training.weightsLoad"], "{spec}");
+        let reason = &errs[0].reason;
+        for words in [
+            "only used with precision bf16 or fp16",
+            &format!("precision {precision} trains fp32 weights"),
+            "set weightsLoad dtype or leave it out",
+        ] {
+            assert!(reason.contains(words), "{spec}: {reason}");
+        }
+        // `dtype` is what every job does unless it says otherwise.
+        let spec = spec.replace("fp32-cast", "dtype");
+        assert!(check(&job(&spec)).is_ok(), "{spec}");
+    }
+    // The default precision is bf16-mixed.
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, weightsLoad: fp32-cast}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.weightsLoad"]);
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {mode: lora, precision: bf16, weightsLoad: fp32}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.weightsLoad"]);
+    assert!(errs[0].reason.contains("fp32-cast"), "{}", errs[0].reason);
+}
+
+#[test]
 fn gptq_and_awq_formats_are_checked_and_read_from_the_config() {
     // AWQ has one 4-bit format; GPTQ 2, 3, 4 and 8.
     let errs = errors(&job(

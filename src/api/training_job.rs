@@ -246,7 +246,8 @@ pub struct CustomModel {
         {"rule": "!has(self.globalBatchSize) || self.globalBatchSize % self.microBatchSize == 0", "message": "globalBatchSize must be a multiple of microBatchSize (times the data-parallel ranks)"},
         {"rule": "self.mode != 'qlora' || !has(self.quantization) || self.quantization != 'none'", "message": "mode qlora needs quantized base weights (quantization nf4, nf4-double, gptq or awq)"},
         {"rule": "self.mode != 'full' || !has(self.quantization) || self.quantization == 'none'", "message": "quantized base weights cannot be trained in mode full"},
-        {"rule": "!has(self.lora) || self.mode == 'lora' || self.mode == 'qlora'", "message": "lora is only used with mode lora or qlora"}
+        {"rule": "!has(self.lora) || self.mode == 'lora' || self.mode == 'qlora'", "message": "lora is only used with mode lora or qlora"},
+        {"rule": "!has(self.weightsLoad) || self.weightsLoad != 'fp32-cast' || (has(self.precision) && (self.precision == 'bf16' || self.precision == 'fp16'))", "message": "weightsLoad fp32-cast is only used with precision bf16 or fp16 (16-bit weights cast from an fp32 build)"}
 ]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingSpec {
@@ -291,6 +292,17 @@ pub struct TrainingSpec {
     pub target_length: Option<u64>,
     #[serde(default)]
     pub precision: Precision,
+    /// How the weights reach the GPU: dtype | fp32-cast. `dtype` (default):
+    /// created or loaded in the training dtype (`torch_dtype=`, `dtype="auto"`),
+    /// or cast before the move to the GPU. `fp32-cast`, with precision bf16 or
+    /// fp16 only: built or loaded at fp32 on the GPU and cast there
+    /// (`from_config` under a CUDA device, or `from_pretrained(...,
+    /// device_map="cuda")` without a dtype before Transformers 5, then
+    /// `.to(torch.bfloat16)`); the caching allocator keeps the freed fp32
+    /// blocks reserved: the range's high end adds one byte per byte of 16-bit
+    /// weights (`fp32Build`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_load: Option<WeightsLoad>,
     #[serde(default)]
     pub optimizer: Optimizer,
     #[serde(default)]
@@ -372,6 +384,7 @@ impl Default for TrainingSpec {
             global_batch_size: None,
             sequence_length: None,
             precision: Precision::default(),
+            weights_load: None,
             optimizer: Optimizer::default(),
             optimizer_in_backward: false,
             gradient_checkpointing: Checkpointing::default(),
@@ -594,6 +607,19 @@ pub enum Precision {
     Fp16,
     #[serde(rename = "bf16")]
     Bf16,
+}
+
+/// dtype | fp32-cast.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightsLoad {
+    // Created or loaded directly in the training dtype (`torch_dtype=`,
+    // `dtype="auto"`), or cast before the move to the GPU.
+    #[default]
+    Dtype,
+    // Built or loaded at fp32 on the GPU, then cast to 16 bits there.
+    #[serde(rename = "fp32-cast")]
+    Fp32Cast,
 }
 
 /// adamw | adam | sgd | sgd-momentum | adafactor | adamw-8bit | paged-adamw | paged-adamw-8bit.

@@ -69,10 +69,13 @@ pub enum Mechanism {
     /// An MoE block's fused experts run one expert at a time, each making a
     /// full-size gradient of the 3-D expert weights.
     ExpertLoop,
+    /// A 16-bit model built at fp32 on the device and cast there (declared
+    /// by the job): how many of the fp32 blocks the cast frees stay reserved.
+    Fp32Build,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 18;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -91,6 +94,7 @@ impl Mechanism {
         Mechanism::SdpaMathFallback,
         Mechanism::CompiledActivations,
         Mechanism::ExpertLoop,
+        Mechanism::Fp32Build,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -113,6 +117,7 @@ impl Mechanism {
             Mechanism::SdpaMathFallback => "sdpaMathFallback",
             Mechanism::CompiledActivations => "compiledActivations",
             Mechanism::ExpertLoop => "expertLoop",
+            Mechanism::Fp32Build => "fp32Build",
         }
     }
 
@@ -145,6 +150,9 @@ impl Mechanism {
             Mechanism::CompiledActivations => "nothing in the spec (the partitioner's cut)",
             Mechanism::ExpertLoop => {
                 "training.runtime.transformers (before 5 each expert is its own linear)"
+            }
+            Mechanism::Fp32Build => {
+                "training.weightsLoad: dtype (the model loaded in its 16-bit dtype), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
             }
         }
     }
@@ -435,46 +443,6 @@ pub fn compiled_activations(
         && arch.experts == 0
         && arch.kind == crate::api::arch::Kind::Decoder;
     applies && ends.pick(Mechanism::CompiledActivations, 1.0, 1.0, 0.0) > 0.5
-}
-
-/// Whether an MoE block's fused 3-D experts run Transformers' per-expert
-/// loop, whose backward makes a full-size gradient of each 3-D weight once
-/// per expert.
-///
-/// From 5.0 Transformers keeps a block's experts in one 3-D parameter per
-/// projection (`MixtralExperts.gate_up_proj`: experts × 2·intermediate ×
-/// hidden, `down_proj`). Its eager forward loops over the experts hit and
-/// multiplies by `self.gate_up_proj[expert_idx]` and
-/// `self.down_proj[expert_idx]` (models/mixtral/modeling_mixtral.py,
-/// transformers 5.24.0). `select`'s derivative is `select_backward`
-/// (tools/autograd/derivatives.yaml), which makes zeros of the whole 3-D
-/// size and copies the expert's gradient into its slice
-/// (aten/src/ATen/native/TensorShape.cpp). Autograd's input buffer sums the
-/// experts' gradients of the weight in place into the first when it holds
-/// its last reference (torch/csrc/autograd/input_buffer.cpp, `accumulate`,
-/// `can_accumulate_inplace`): that first tensor becomes `.grad`, and every
-/// later expert's full-size tensor is a transient freed once it is added,
-/// one of each projection alive at a time. Checked in the reference
-/// environment (torch 2.15.0, CPU, profiler): eight experts' selects of one
-/// 3-D parameter run eight `select_backward` and seven `add_` in backward.
-/// (Under a Python dispatch mode autograd adds out of place, so the
-/// meta-device tracker sees two transients of each at once.)
-///
-/// The loop is the `eager` experts implementation. Transformers 5 defaults
-/// to `grouped_mm` (modeling_utils.py, `get_correct_experts_implementation`),
-/// whose backward makes one gradient per projection (`torch._grouped_mm`, or
-/// `_grouped_mm_fallback_bwd`'s `zeros_like(weight)` once, integrations/moe.py);
-/// `experts_implementation="eager"` picks the loop (the ground-truth harness
-/// routes through the same loop, `benches/reference/sweep.py`, `even_routing`).
-/// Before 5 each expert is its own linear (`MixtralBlockSparseTop2MLP`) and
-/// its gradient its own size.
-///
-/// - low and point: `grouped_mm`, no transient.
-/// - high: the loop, on a model with experts that runs Transformers' modules
-///   (`own_modules` false) unless the release is known to be before 5.
-pub fn expert_loop(ends: &Ends, facts: &Facts, experts: u64, own_modules: bool) -> bool {
-    let fused = facts.runtime.transformers.is_none_or(|t| t >= (5, 0));
-    experts > 1 && !own_modules && fused && ends.of(Mechanism::ExpertLoop) == End::High
 }
 
 /// cuDNN convolution workspace. PyTorch tries algorithms in cuDNN's
@@ -781,6 +749,9 @@ pub fn paged_residency(ends: &Ends) -> f64 {
 pub fn casts_at_backward_end(ends: &Ends) -> f64 {
     ends.pick(Mechanism::CastCopies, 0.0, 1.0, 1.0)
 }
+
+mod reserved;
+pub use reserved::{expert_loop, fp32_build};
 
 #[cfg(test)]
 mod tests;

@@ -248,7 +248,8 @@ fn estimate_stage(
         .iter()
         .map(|p| p.allocated() + model.allocator_overhead(p))
         .fold(allocated, f64::max)
-        .max(first_step::reserved(job, model, &phases));
+        .max(first_step::reserved(job, model, &phases))
+        + model.fp32_build();
     let allocator = reserved - allocated;
     let fixed = model.fixed_overheads();
     let unallocated = phases

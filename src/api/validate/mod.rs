@@ -25,7 +25,8 @@ use crate::api::presets;
 pub use settings::{ALL_FIELDS, Settings, yaml_name};
 use settings::{
     cache_holds, checkpoint_every, context_parallel_divides, micro_batch, offload,
-    offload_gradients, position_table, resolved_sequence_length, sequence_length_range, zero_stage,
+    offload_gradients, position_table, resolved_sequence_length, sequence_length_range,
+    weights_load, zero_stage,
 };
 
 /// Largest parameter count we accept (a quadrillion: 2 500 × Llama-3.1-405B).
@@ -246,6 +247,8 @@ fn validate_hinted(
             ),
         );
     }
+
+    weights_load(errs, t);
 
     let (quantization, quantization_bits, quantization_group) = resolved_quantization(errs, spec);
     let lora = lora_of(errs, t, model.as_ref());

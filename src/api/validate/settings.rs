@@ -9,7 +9,7 @@ use super::{Errors, MAX_MICRO_BATCH, MAX_SEQUENCE_LENGTH, ValidatedJob, Validati
 use crate::api::training_job::DEFAULT_SEQUENCE_LENGTH;
 use crate::api::{
     AdjustableField, Checkpointing, FitMode, Loss, Offload, Optimizer, ParallelismSpec, PlanStatus,
-    Precision, ResolvedModel, Strategy, TrainingSpec,
+    Precision, ResolvedModel, Strategy, TrainingSpec, WeightsLoad,
 };
 
 /// Every field a fit policy can allow, in the order changes are listed.
@@ -170,6 +170,7 @@ impl ValidatedJob {
         }
         offload_gradients(&mut errs, p, settings.gradient_accumulation_steps);
         checkpoint_every(&mut errs, t);
+        weights_load(&mut errs, t);
         errs.into_result(job)
     }
 
@@ -337,6 +338,23 @@ pub(super) fn checkpoint_every(errs: &mut Errors, t: &TrainingSpec) {
     }
 }
 
+/// `weightsLoad: fp32-cast` says 16-bit weights were cast from an fp32 build;
+/// a mixed or fp32 precision trains the fp32 weights themselves, so nothing is
+/// cast and the field would say nothing: refused, as a setting the job does
+/// not use is elsewhere.
+pub(super) fn weights_load(errs: &mut Errors, t: &TrainingSpec) {
+    let pure16 = matches!(t.precision, Precision::Bf16 | Precision::Fp16);
+    if t.weights_load == Some(WeightsLoad::Fp32Cast) && !pure16 {
+        errs.push(
+            "spec.training.weightsLoad",
+            format!(
+                "fp32-cast is only used with precision bf16 or fp16 (16-bit weights cast from an fp32 build); precision {} trains fp32 weights, nothing is cast: set weightsLoad dtype or leave it out, or precision bf16 or fp16",
+                yaml_name(&t.precision)
+            ),
+        );
+    }
+}
+
 pub(super) fn context_parallel_divides(errs: &mut Errors, p: &ParallelismSpec, len: u64) {
     if p.context_parallel > 1 && !len.is_multiple_of(p.context_parallel) {
         errs.push(
@@ -473,6 +491,40 @@ parallelism: {gpus: 2, offload: optimizer, offloadGradients: true}
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].0, "spec.parallelism.offloadGradients");
         assert!(p[0].1.contains("gradient accumulation (2 steps)"), "{p:?}");
+    }
+
+    #[test]
+    fn a_precision_that_casts_nothing_is_refused_beside_an_fp32_cast() {
+        let j = job("
+model: {preset: llama-3.1-8b}
+training: {mode: lora, precision: bf16, weightsLoad: fp32-cast}
+");
+        let written = Settings::of(&j);
+        let fp16 = Settings {
+            precision: Precision::Fp16,
+            ..written
+        };
+        assert!(j.with_settings(&fp16).is_ok());
+        for precision in [Precision::Bf16Mixed, Precision::Fp32] {
+            let p = problems(j.with_settings(&Settings {
+                precision,
+                ..written
+            }));
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(p[0].0, "spec.training.weightsLoad");
+            let named = format!("precision {} trains fp32 weights", yaml_name(&precision));
+            assert!(p[0].1.contains(&named), "{p:?}");
+        }
+        // Without the declaration any precision is taken.
+        let plain = job("
+model: {preset: llama-3.1-8b}
+training: {mode: lora, precision: bf16}
+");
+        let mixed = Settings {
+            precision: Precision::Bf16Mixed,
+            ..Settings::of(&plain)
+        };
+        assert!(plain.with_settings(&mixed).is_ok());
     }
 
     #[test]

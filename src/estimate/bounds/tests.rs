@@ -98,3 +98,79 @@ fn the_expert_loop_is_the_high_end_of_fused_transformers_experts() {
     f.runtime.transformers = Some((5, 17));
     assert!(expert_loop(&hi, &f, 8, false));
 }
+
+#[test]
+fn an_fp32_build_is_the_high_end_only_where_the_job_declares_it() {
+    let job = |training: &str, parallelism: &str| {
+        crate::api::test_job(&format!(
+            "model: {{preset: llama-3-8b}}\ntraining: {{microBatchSize: 1, sequenceLength: 512, {training}}}\nparallelism: {{{parallelism}}}\n"
+        ))
+    };
+    let at = |end, j: &crate::api::ValidatedJob| fp32_build(&Ends::all(end), j);
+    let declared = "precision: bf16, weightsLoad: fp32-cast";
+    for load in [declared, "precision: fp16, weightsLoad: fp32-cast"] {
+        let j = job(load, "gpus: 1");
+        assert_eq!(at(End::High, &j), 1.0, "{load}");
+        assert_eq!(at(End::Point, &j), 0.0, "{load}");
+        assert_eq!(at(End::Low, &j), 0.0, "{load}");
+    }
+    // Loaded in its dtype, said or not: nothing at any end.
+    for load in ["precision: bf16", "precision: bf16, weightsLoad: dtype"] {
+        let j = job(load, "gpus: 1");
+        for end in [End::Low, End::Point, End::High] {
+            assert_eq!(at(end, &j), 0.0, "{load}");
+        }
+    }
+    // Declared, but the cast's blocks are not stranded: ZeRO-3 and FSDP shard the
+    // weights, a quantizer loads them itself, expandable segments reuse any page.
+    let sharded = job(declared, "gpus: 8, strategy: deepspeed, zeroStage: 3");
+    assert_eq!(at(End::High, &sharded), 0.0);
+    assert_eq!(
+        at(End::High, &job(declared, "gpus: 8, strategy: fsdp")),
+        0.0
+    );
+    let quantized = job(
+        "mode: qlora, precision: bf16, weightsLoad: fp32-cast",
+        "gpus: 1",
+    );
+    assert_eq!(at(End::High, &quantized), 0.0);
+    let mut expandable = job(declared, "gpus: 1");
+    expandable.allocator_conf.expandable_segments = true;
+    assert_eq!(at(End::High, &expandable), 0.0);
+}
+
+#[test]
+fn a_declared_fp32_build_lifts_only_the_upper_end_of_reserved() {
+    let gpu = crate::api::gpus::find("h200").expect("catalog GPU");
+    let yaml = |load: &str| {
+        format!(
+            "model: {{preset: llama-3.2-1b}}\ntraining: {{mode: lora, microBatchSize: 1, sequenceLength: 512, precision: bf16{load}}}\n"
+        )
+    };
+    let estimate = |load: &str| {
+        crate::estimate::estimate(&crate::api::test_job(&yaml(load)), gpu).expect("estimates")
+    };
+    let (plain, said, cast) = (
+        estimate(""),
+        estimate(", weightsLoad: dtype"),
+        estimate(", weightsLoad: fp32-cast"),
+    );
+    assert_eq!(plain.status, said.status);
+    let (p, c) = (&plain.status, &cast.status);
+    let (pu, cu) = (
+        p.upper.as_ref().expect("upper"),
+        c.upper.as_ref().expect("upper"),
+    );
+    let weights = p.breakdown.weights as f64;
+    let lifted = (cu.peak_reserved_bytes as f64 - pu.peak_reserved_bytes as f64) / weights;
+    assert!(
+        (lifted - 1.0).abs() < 0.01,
+        "upper reserved rose by {lifted} × the weights"
+    );
+    assert_eq!(p.peak_reserved_bytes, c.peak_reserved_bytes);
+    assert_eq!(p.lower, c.lower);
+    assert_eq!(pu.peak_allocated_bytes, cu.peak_allocated_bytes);
+    let named =
+        |s: &crate::api::EstimateStatus| s.spread.iter().any(|r| r.mechanism == "fp32Build");
+    assert!(named(c) && !named(p), "{:?}", c.spread);
+}

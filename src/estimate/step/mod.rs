@@ -186,6 +186,9 @@ pub struct StepModel {
     fixed: Fixed,
     /// Gradients of earlier micro-batches are live through forward.
     accumulating: bool,
+    /// Reserved bytes an fp32 build of the 16-bit weights leaves behind
+    /// (`bounds::fp32_build`).
+    fp32_build: f64,
 }
 
 fn precision_bytes(p: Precision) -> (f64, bool) {
@@ -289,8 +292,10 @@ impl StepModel {
         } else {
             0.0
         };
+        let fp32_build = bounds::fp32_build(ends, job) * stage.weights;
         StepModel {
             stage,
+            fp32_build,
             ends: *ends,
             facts,
             inference,
@@ -442,6 +447,12 @@ impl StepModel {
     /// The bytes of `p` the step makes and frees over and over (what strands cache).
     fn churned(p: &PhaseBytes) -> f64 {
         p.get(Component::Activations) + p.get(Component::Logits) + p.get(Component::Temporaries)
+    }
+
+    /// Reserved bytes the cast of an fp32 build left cached
+    /// (`bounds::fp32_build`), beyond every phase's.
+    pub fn fp32_build(&self) -> f64 {
+        self.fp32_build
     }
 
     pub fn largest_tensor(&self) -> f64 {
