@@ -36,12 +36,6 @@ async fn post(client: &Client, path: &str, body: &Value) -> Value {
     a.body
 }
 
-async fn get(client: &Client, path: &str) -> Value {
-    let a = cluster::send(client, Method::GET, path, JSON, &Value::Null).await;
-    assert_eq!(a.status, 200, "GET {path}: {}", a.body);
-    a.body
-}
-
 async fn merge_status(client: &Client, path: &str, status: Value) {
     let a = cluster::send(
         client,
@@ -156,7 +150,7 @@ async fn submit(client: &Client, job: &Value, flavor: &str) -> String {
 async fn decided(client: &Client, path: &str) -> (String, String) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let wl = get(client, path).await;
+        let wl = cluster::get_ok(client, path).await;
         let c = &wl["status"]["admissionChecks"][0];
         if c["state"] != "Pending" {
             return (
@@ -175,7 +169,7 @@ async fn decided(client: &Client, path: &str) -> (String, String) {
 /// The one Event vramguard recorded on the Workload at `path`, checked to be of `reason`
 /// and `type_`, by the controller, about the Workload.
 async fn verdict_event(client: &Client, path: &str, reason: &str, type_: &str) -> Value {
-    let wl = get(client, path).await;
+    let wl = cluster::get_ok(client, path).await;
     let uid = wl["metadata"]["uid"].as_str().unwrap();
     let e = cluster::event_regarding(client, NS, uid, Some(reason)).await;
     assert_eq!(e["type"], type_, "{e}");
@@ -249,7 +243,7 @@ async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
 
     // Our check is marked Active; the other controller's is not touched.
     cluster::eventually("vram-fit Active", 30, || async {
-        let c = get(
+        let c = cluster::get_ok(
             &client,
             "/apis/kueue.x-k8s.io/v1beta1/admissionchecks/vram-fit",
         )
@@ -258,7 +252,7 @@ async fn workloads_are_judged_on_a_real_api_server_with_kueues_crds() {
             && c["status"]["conditions"][0]["status"] == "True"
     })
     .await;
-    let other = get(
+    let other = cluster::get_ok(
         &client,
         "/apis/kueue.x-k8s.io/v1beta1/admissionchecks/capacity",
     )

@@ -29,12 +29,6 @@ const NS: &str = "e2e-kueue-real";
 const V1BETA1: &str = "/apis/kueue.x-k8s.io/v1beta1";
 const V1BETA2: &str = "/apis/kueue.x-k8s.io/v1beta2";
 
-async fn get(client: &Client, path: &str) -> Value {
-    let a = cluster::send(client, Method::GET, path, JSON, &Value::Null).await;
-    assert_eq!(a.status, 200, "GET {path}: {}", a.body);
-    a.body
-}
-
 /// Creates the object at `collection`, or finds it there from an earlier run.
 async fn create(client: &Client, collection: &str, body: &Value) {
     let a = cluster::send(client, Method::POST, collection, JSON, body).await;
@@ -108,7 +102,7 @@ fn job(name: &str, queue: &str, training: Option<&str>) -> Value {
 /// The Workload Kueue made for the Job `name` (found by its owner reference), as v1beta1.
 async fn workload_of(client: &Client, name: &str) -> Value {
     cluster::until_some(&format!("the Workload of Job {name}"), 60, || async {
-        let list = get(client, &format!("{V1BETA1}/namespaces/{NS}/workloads")).await;
+        let list = cluster::get_ok(client, &format!("{V1BETA1}/namespaces/{NS}/workloads")).await;
         list["items"].as_array().and_then(|items| {
             items
                 .iter()
@@ -225,7 +219,7 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
     .await;
     // Kueue read the ClusterQueue back through its conversion webhook, admission check
     // included.
-    let stored = get(&client, &format!("{V1BETA2}/clusterqueues/{cq}")).await;
+    let stored = cluster::get_ok(&client, &format!("{V1BETA2}/clusterqueues/{cq}")).await;
     assert_eq!(
         stored["spec"]["admissionChecksStrategy"]["admissionChecks"][0]["name"], "vram-fit",
         "{stored}"
@@ -236,7 +230,7 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
 
     // Kueue holds the ClusterQueue inactive until its check is Active, which vramguard marks.
     cluster::eventually(&format!("ClusterQueue {cq} Active"), 60, || async {
-        let c = get(&client, &format!("{V1BETA2}/clusterqueues/{cq}")).await;
+        let c = cluster::get_ok(&client, &format!("{V1BETA2}/clusterqueues/{cq}")).await;
         condition(&c, "Active").as_deref() == Some("True")
     })
     .await;
@@ -265,11 +259,11 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
         wl["metadata"]["name"].as_str().unwrap()
     );
     cluster::eventually(&format!("Job {fits} unsuspended"), 90, || async {
-        let j = get(&client, &format!("{jobs}/{fits}")).await;
+        let j = cluster::get_ok(&client, &format!("{jobs}/{fits}")).await;
         j["spec"]["suspend"] == false
     })
     .await;
-    let wl = get(&client, &path).await;
+    let wl = cluster::get_ok(&client, &path).await;
     assert_eq!(condition(&wl, "Admitted").as_deref(), Some("True"), "{wl}");
     let (state, message) = vram_fit(&wl);
     assert_eq!(state, "Ready", "{message}\n{wl}");
@@ -280,7 +274,7 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
     let e = verdict_event(&client, &wl, "VramFit", "Normal").await;
     assert_eq!(e["note"], message, "{e}");
     // Kueue put the flavor's node labels on the pods it lets run.
-    let j = get(&client, &format!("{jobs}/{fits}")).await;
+    let j = cluster::get_ok(&client, &format!("{jobs}/{fits}")).await;
     assert_eq!(
         j["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"],
         "NVIDIA-H100-80GB-HBM3",
@@ -296,11 +290,11 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
         wl["metadata"]["name"].as_str().unwrap()
     );
     cluster::eventually(&format!("{path} deactivated"), 90, || async {
-        let wl = get(&client, &path).await;
+        let wl = cluster::get_ok(&client, &path).await;
         wl["spec"]["active"] == false
     })
     .await;
-    let wl = get(&client, &path).await;
+    let wl = cluster::get_ok(&client, &path).await;
     assert_ne!(condition(&wl, "Admitted").as_deref(), Some("True"), "{wl}");
     let (state, message) = vram_fit(&wl);
     assert_ne!(state, "Ready", "{message}\n{wl}");
@@ -308,7 +302,7 @@ async fn kueue_admits_the_job_that_fits_and_deactivates_the_one_that_cannot() {
     let note = e["note"].as_str().unwrap_or("");
     assert!(note.contains(" GiB per GPU"), "{e}");
     assert!(note.contains("vramguard.io/training"), "{e}");
-    let j = get(&client, &format!("{jobs}/{too_big}")).await;
+    let j = cluster::get_ok(&client, &format!("{jobs}/{too_big}")).await;
     assert_eq!(j["spec"]["suspend"], true, "{j}");
 
     controller.stop().await;

@@ -14,19 +14,24 @@ fn workload(checks: Value, admission: Value) -> Value {
     })
 }
 
+/// Our check and another, both Pending, before quota is reserved.
+fn both_pending() -> Value {
+    workload(
+        json!([
+            {"name": "vram", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
+            {"name": "prov", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
+        ]),
+        Value::Null,
+    )
+}
+
 fn ours() -> BTreeSet<String> {
     BTreeSet::from(["vram".to_string()])
 }
 
 #[test]
 fn only_our_pending_checks_are_ours_to_decide() {
-    let wl = workload(
-        json!([
-            {"name": "vram", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
-            {"name": "prov", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
-        ]),
-        Value::Null,
-    );
+    let wl = both_pending();
     assert_eq!(pending_checks(&wl, &ours()), vec!["vram".to_string()]);
     assert!(!quota_reserved(&wl));
     let done = workload(
@@ -177,13 +182,7 @@ fn status_is_written_in_v1beta2_where_served() {
 
 #[test]
 fn a_check_whose_state_changes_is_recorded_as_an_event_of_its_verdict() {
-    let pending = workload(
-        json!([
-            {"name": "vram", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
-            {"name": "prov", "state": "Pending", "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""},
-        ]),
-        Value::Null,
-    );
+    let pending = both_pending();
     let cases = [
         (CheckState::Ready, false, "VramFit"),
         (CheckState::Retry, true, "VramRetry"),

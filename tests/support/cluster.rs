@@ -198,6 +198,25 @@ pub async fn send(
     }
 }
 
+/// GETs `path` as JSON.
+pub async fn get(client: &Client, path: &str) -> Answer {
+    send(
+        client,
+        http::Method::GET,
+        path,
+        JSON,
+        &serde_json::Value::Null,
+    )
+    .await
+}
+
+/// GETs `path`; an answer other than 200 fails the test with the API server's words.
+pub async fn get_ok(client: &Client, path: &str) -> serde_json::Value {
+    let a = get(client, path).await;
+    assert_eq!(a.status, 200, "GET {path}: {}", a.body);
+    a.body
+}
+
 /// `299 - "text"` with `\"` and `\\` escaped, as the API server writes a warning.
 pub fn decode_warning(header: &str) -> String {
     let Some(quoted) = header
@@ -310,16 +329,8 @@ pub async fn point_webhook_at(client: &Client, port: u16, ca_pem: &str) {
 /// chart's `service.path`): `clientConfig` only, as [`point_webhook_at`] does for the first.
 pub async fn point_webhooks_at(client: &Client, port: u16, ca_pem: &str) {
     let path = webhook_configuration_path();
-    let installed = send(
-        client,
-        http::Method::GET,
-        &path,
-        JSON,
-        &serde_json::Value::Null,
-    )
-    .await;
-    assert_eq!(installed.status, 200, "{}", installed.body);
-    let hooks = installed.body["webhooks"].as_array().expect("webhooks");
+    let installed = get_ok(client, &path).await;
+    let hooks = installed["webhooks"].as_array().expect("webhooks");
     let patch: Vec<serde_json::Value> = hooks
         .iter()
         .enumerate()
@@ -478,30 +489,15 @@ pub async fn apply_crd(client: &Client, mut crd: serde_json::Value) {
     )
     .await;
     if a.status == 409 {
-        let old = send(
-            client,
-            http::Method::GET,
-            &path,
-            JSON,
-            &serde_json::Value::Null,
-        )
-        .await;
-        assert_eq!(old.status, 200, "GET {path}: {}", old.body);
-        crd["metadata"]["resourceVersion"] = old.body["metadata"]["resourceVersion"].clone();
+        let old = get_ok(client, &path).await;
+        crd["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
         let a = send(client, http::Method::PUT, &path, JSON, &crd).await;
         assert_eq!(a.status, 200, "{name}: {}", a.body);
     } else {
         assert_eq!(a.status, 201, "{name}: {}", a.body);
     }
     eventually(&format!("{name} established"), 60, || async {
-        let c = send(
-            client,
-            http::Method::GET,
-            &path,
-            JSON,
-            &serde_json::Value::Null,
-        )
-        .await;
+        let c = get(client, &path).await;
         c.status == 200
             && c.body["status"]["conditions"]
                 .as_array()
@@ -553,16 +549,10 @@ pub async fn events_regarding(client: &Client, ns: &str, uid: &str) -> Vec<serde
     let path = format!(
         "/apis/events.k8s.io/v1/namespaces/{ns}/events?fieldSelector=regarding.uid%3D{uid}"
     );
-    let a = send(
-        client,
-        http::Method::GET,
-        &path,
-        JSON,
-        &serde_json::Value::Null,
-    )
-    .await;
-    assert_eq!(a.status, 200, "GET {path}: {}", a.body);
-    a.body["items"].as_array().cloned().unwrap_or_default()
+    get_ok(client, &path).await["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The first Event in `ns` regarding the object with `uid` whose reason is `reason` (any
