@@ -516,7 +516,9 @@ pub fn logits_extra_bytes(ends: &Ends, facts: &Facts, own_loss: bool, elem: f64)
 /// A loop written as `outputs = model(**batch); loss = outputs.loss;
 /// loss.backward()` (Transformers' `run_clm_no_trainer.py`, Accelerate's
 /// examples) or `logits = model(x); loss = f(logits)` keeps `outputs.logits`
-/// alive until the next iteration rebinds it; `loss = model(**batch).loss`
+/// alive until the next iteration rebinds it (the step model counts them
+/// from the end of the loss's backward through the optimizer step,
+/// `Stage::loop_output`); `loss = model(**batch).loss`
 /// drops them before backward (the meta-device reference's loop,
 /// `benches/reference/sweep.py` `forward`: at `backward:head` it holds the
 /// three fp32 log-softmax planes and no 16-bit logits). Stacks whose

@@ -66,6 +66,7 @@ pub(super) fn custom_stage(
         logits_forward: 0.0,
         logits_backward: 0.0,
         logits_kept: 0.0,
+        loop_output: 0.0,
         temp_head: 0.0,
         inputs: t.data_on_gpu_bytes as f64,
         batch: 0.0,
@@ -177,6 +178,8 @@ pub(super) fn layers_stage(
         // A classifier's output is small: count it, and the largest
         // activation's gradients, in both backward phases.
         logits_kept: logits_backward,
+        // A classifier's output is a few KiB: not counted past backward.
+        loop_output: 0.0,
         temp_head: 2.0 * largest_act,
         // Images as fp32, labels as int64.
         inputs: stack.input_elems_per_sample as f64 * b * 4.0

@@ -154,6 +154,12 @@ pub(super) struct Stage {
     logits_backward: f64,
     /// Logits the training loop still holds once the loss's backward is done.
     logits_kept: f64,
+    /// The model's output the loop holds after backward: bound to a Python
+    /// name (`outputs = model(**batch)`, `out = model(x)`), it lives through
+    /// the rest of backward and the optimizer step, and through the next
+    /// forward until that forward's output is bound to the name in its
+    /// place. Part of `logits_kept` for a transformer; 0 where none is held.
+    loop_output: f64,
     /// Temporaries while the loss and head run backward.
     temp_head: f64,
     inputs: f64,
@@ -351,6 +357,10 @@ impl StepModel {
         fwd.components[Component::Weights as usize] += s.weight_transient;
         fwd.components[Component::Gradients as usize] = accumulated;
         fwd.components[Component::Activations as usize] = s.activations;
+        // The previous step's output, still bound in the loop, is freed when
+        // this forward's output takes its name, before the loss allocates its
+        // fp32 planes: `logits_forward` (at least the new output, the upcast
+        // and the log-softmax) covers the moment both outputs are live.
         fwd.components[Component::Logits as usize] = s.logits_forward;
         fwd.components[Component::Temporaries as usize] = s.temp_forward;
         fwd.components[Component::CommBuffers as usize] =
@@ -393,6 +403,7 @@ impl StepModel {
             s.weight_transient - s.casts + casts_left + s.frozen_unsharded;
         be.components[Component::Gradients as usize] = s.grads - s.grads_after_blocks;
         be.components[Component::Activations as usize] = s.layer_activations;
+        be.components[Component::Logits as usize] = s.loop_output;
         be.components[Component::Temporaries as usize] = s.temp_backward;
         be.components[Component::CommBuffers as usize] = s.comm;
         // Then the embedding's backward: every gradient, no block's saved
@@ -403,6 +414,7 @@ impl StepModel {
         tail.components[Component::Gradients as usize] = s.grads;
         tail.components[Component::Temporaries as usize] = s.tail_temp;
         tail.components[Component::CommBuffers as usize] = s.comm;
+        tail.components[Component::Logits as usize] = s.loop_output;
         out.push(if tail.allocated() > be.allocated() {
             tail.carried_churn = Self::churned(&be);
             tail
@@ -413,6 +425,7 @@ impl StepModel {
         let mut opt = base(StepPhase::OptimizerStep);
         opt.components[Component::Gradients as usize] = s.grads;
         opt.components[Component::Temporaries as usize] = s.optimizer_temp;
+        opt.components[Component::Logits as usize] = s.loop_output;
         opt.components[Component::Inputs as usize] -=
             s.batch * (1.0 - bounds::batch_held_at_step(&self.ends));
         out.push(opt);

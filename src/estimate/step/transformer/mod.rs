@@ -219,6 +219,7 @@ pub(super) fn transformer_stage(
         logits_forward: l.forward,
         logits_backward: l.backward,
         logits_kept: l.kept,
+        loop_output: l.kept,
         temp_head: tmp.head,
         inputs,
         batch: st.b * st.s * 16.0,
