@@ -2,7 +2,8 @@
 //! apart from its plan. Covered: the model (every field as written), the
 //! training mode, adapters, quantization, trainable parameters, sequence
 //! length, attention, framework, compilation, data kept on the GPU,
-//! activation offloading, optimizer-in-backward, and the parallel layout
+//! activation offloading, optimizer-in-backward, float8 training (where
+//! set), and the parallel layout
 //! (GPUs, tensor/pipeline/context/sequence parallelism, strategy, offload).
 //! Left out on purpose: what the planner may change (micro-batch size,
 //! precision, checkpointing, optimizer, ZeRO stage, loss) and the global
@@ -28,7 +29,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 fn covered(spec: &TrainingJobSpec) -> Value {
     let t = &spec.training;
     let p = &spec.parallelism;
-    json!({
+    let mut v = json!({
         "model": spec.model,
         "mode": t.mode,
         "lora": t.lora,
@@ -53,7 +54,14 @@ fn covered(spec: &TrainingJobSpec) -> Value {
             "contextParallel": p.context_parallel,
             "offload": p.offload,
         },
-    })
+    });
+    // Float8 training changes what the step holds; written only where set,
+    // so the fingerprints of jobs without it stay as they were.
+    if let Some(recipe) = t.float8 {
+        v["float8"] = json!(recipe);
+        v["float8AllGather"] = json!(t.float8_all_gather);
+    }
+    v
 }
 
 /// 16 hex digits.
