@@ -308,9 +308,11 @@ pub struct TrainingSpec {
     /// weights (`fp32Build`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights_load: Option<WeightsLoad>,
-    /// torchao float8 training (`Float8Linear`): tensorwise | rowwise |
-    /// rowwise-with-gw-hp, torchao's recipe names. With precision bf16-mixed,
-    /// fp16-mixed or bf16 and unquantized weights; absent: no float8.
+    /// torchao float8 training: tensorwise | rowwise | rowwise-with-gw-hp,
+    /// torchao's `Float8LinearRecipeName`s, with which the blocks' linears
+    /// become `Float8Linear` (torchtitan `--model.converters float8`). With
+    /// precision bf16-mixed, fp16-mixed or bf16 and unquantized weights;
+    /// absent: no float8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub float8: Option<Float8Recipe>,
     /// FSDP2 all-gathers the float8 linears' weights in float8, cast on each

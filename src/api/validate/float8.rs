@@ -107,3 +107,47 @@ fn all_gather(errs: &mut Errors, recipe: Option<Float8Recipe>, p: &ParallelismSp
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::api::test_job as job;
+    use crate::api::{Precision, Settings};
+
+    #[test]
+    fn a_plan_that_leaves_float8s_precisions_or_sharding_is_refused() {
+        let j = job("
+model: {preset: llama-3.1-8b}
+training: {float8: tensorwise, float8AllGather: true}
+parallelism: {gpus: 8, strategy: fsdp}
+");
+        let written = Settings::of(&j);
+        let with = |s: &Settings| match j.with_settings(s) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.into_iter().map(|f| (f.path, f.reason)).collect(),
+        };
+        for precision in [Precision::Bf16, Precision::Fp16Mixed] {
+            assert!(
+                with(&Settings {
+                    precision,
+                    ..written
+                })
+                .is_empty()
+            );
+        }
+        let p = with(&Settings {
+            precision: Precision::Fp32,
+            ..written
+        });
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "spec.training.float8");
+        assert!(p[0].1.contains("precision fp32 is not one"), "{p:?}");
+        // Sharding only gradients and states leaves no weights to gather.
+        let p = with(&Settings {
+            zero_stage: 2,
+            ..written
+        });
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].0, "spec.training.float8AllGather");
+        assert!(p[0].1.contains("zeroStage 2"), "{p:?}");
+    }
+}
