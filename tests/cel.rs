@@ -186,13 +186,13 @@ const CASES: &[(&str, &str, bool)] = &[
         false,
     ),
     (
-        "float8 all-gather with tensorwise",
-        "  model: {preset: gpt2}\n  training: {float8: tensorwise, float8AllGather: true}\n",
+        "float8 all-gather with tensorwise under FSDP",
+        "  model: {preset: gpt2}\n  training: {float8: tensorwise, float8AllGather: true}\n  parallelism: {gpus: 2, strategy: fsdp}\n",
         true,
     ),
     (
         "float8 all-gather with rowwise",
-        "  model: {preset: gpt2}\n  training: {float8: rowwise, float8AllGather: true}\n",
+        "  model: {preset: gpt2}\n  training: {float8: rowwise, float8AllGather: true}\n  parallelism: {gpus: 2, strategy: fsdp}\n",
         false,
     ),
     (
