@@ -1,8 +1,7 @@
 //! `training.float8` and `training.float8AllGather`: torchao's float8
 //! training, where the job's precision, weights and sharding take it.
 
-use super::Errors;
-use super::settings::yaml_name;
+use super::{Errors, yaml_name};
 use crate::api::{
     Float8Recipe, FsdpVersion, ParallelismSpec, Precision, Quantization, Strategy, TrainingMode,
     TrainingSpec,
