@@ -131,6 +131,20 @@ training: {mode: lora, microBatchSize: 4, sequenceLength: 2048, lora: {rank: 16}
     }
 
     #[test]
+    fn float8_sets_a_job_apart_and_leaves_others_as_they_were() {
+        let a = fingerprint(&spec(BASE));
+        // The canonical value of a job without float8 holds no float8 key.
+        assert!(!covered(&spec(BASE)).to_string().contains("float8"));
+        let float8 = BASE.replace("mode: lora,", "mode: lora, float8: tensorwise,");
+        let gathered = BASE.replace(
+            "mode: lora,",
+            "mode: lora, float8: tensorwise, float8AllGather: true,",
+        );
+        let (f, g) = (fingerprint(&spec(&float8)), fingerprint(&spec(&gathered)));
+        assert!(a != f && a != g && f != g, "{a} {f} {g}");
+    }
+
+    #[test]
     fn fnv_is_the_published_function() {
         // Test vectors of FNV-1a 64.
         assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
