@@ -161,6 +161,51 @@ const CASES: &[(&str, &str, bool)] = &[
         false,
     ),
     (
+        "float8 tensorwise under the default precision",
+        "  model: {preset: gpt2}\n  training: {float8: tensorwise}\n",
+        true,
+    ),
+    (
+        "float8 rowwise under pure bf16",
+        "  model: {preset: gpt2}\n  training: {precision: bf16, float8: rowwise}\n",
+        true,
+    ),
+    (
+        "float8 under fp32",
+        "  model: {preset: gpt2}\n  training: {precision: fp32, float8: tensorwise}\n",
+        false,
+    ),
+    (
+        "float8 under pure fp16",
+        "  model: {preset: gpt2}\n  training: {precision: fp16, float8: rowwise-with-gw-hp}\n",
+        false,
+    ),
+    (
+        "float8 with a quantized base",
+        "  model: {preset: gpt2}\n  training: {mode: qlora, quantization: nf4, float8: tensorwise}\n",
+        false,
+    ),
+    (
+        "float8 all-gather with tensorwise under FSDP",
+        "  model: {preset: gpt2}\n  training: {float8: tensorwise, float8AllGather: true}\n  parallelism: {gpus: 2, strategy: fsdp}\n",
+        true,
+    ),
+    (
+        "float8 all-gather with rowwise",
+        "  model: {preset: gpt2}\n  training: {float8: rowwise, float8AllGather: true}\n  parallelism: {gpus: 2, strategy: fsdp}\n",
+        false,
+    ),
+    (
+        "float8 all-gather without float8",
+        "  model: {preset: gpt2}\n  training: {float8AllGather: true}\n",
+        false,
+    ),
+    (
+        "float8 all-gather off without float8",
+        "  model: {preset: gpt2}\n  training: {float8AllGather: false}\n",
+        true,
+    ),
+    (
         "dtype load under mixed precision",
         "  model: {preset: gpt2}\n  training: {precision: fp16-mixed, weightsLoad: dtype}\n",
         true,

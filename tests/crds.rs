@@ -195,6 +195,10 @@ fn enums_list_the_allowed_values() {
         ("spec.training.attention", &["eager", "sdpa", "flash"]),
         ("spec.training.weightsLoad", &["dtype", "fp32-cast"]),
         (
+            "spec.training.float8",
+            &["tensorwise", "rowwise", "rowwise-with-gw-hp"],
+        ),
+        (
             "spec.parallelism.pipelineSchedule",
             &["gpipe", "1f1b", "interleaved-1f1b"],
         ),

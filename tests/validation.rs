@@ -910,6 +910,123 @@ fn an_fp32_cast_is_declared_only_with_16_bit_weights() {
 }
 
 #[test]
+fn float8_is_taken_with_a_16_bit_recipe_on_unquantized_weights() {
+    let spec =
+        |training: &str| format!("model: {{preset: llama-3.1-8b}}\ntraining: {{{training}}}");
+    for precision in ["bf16-mixed", "fp16-mixed", "bf16"] {
+        for recipe in ["tensorwise", "rowwise", "rowwise-with-gw-hp"] {
+            let s = spec(&format!("precision: {precision}, float8: {recipe}"));
+            assert!(check(&job(&s)).is_ok(), "{s}");
+        }
+    }
+    // The default precision is bf16-mixed.
+    assert!(check(&job(&spec("float8: tensorwise"))).is_ok());
+    for precision in ["fp32", "tf32", "fp16"] {
+        let s = spec(&format!("precision: {precision}, float8: rowwise"));
+        let errs = errors(&job(&s));
+        assert_eq!(paths(&errs), ["spec.training.float8"], "{s}");
+        let reason = &errs[0].reason;
+        for words in [
+            "only used with precision bf16-mixed, fp16-mixed or bf16",
+            &format!("precision {precision} is not one"),
+            "leave float8 out",
+        ] {
+            assert!(reason.contains(words), "{s}: {reason}");
+        }
+    }
+    let s = spec("mode: qlora, quantization: nf4, lora: {rank: 8}, float8: tensorwise");
+    let errs = errors(&job(&s));
+    assert_eq!(paths(&errs), ["spec.training.float8"], "{s}");
+    assert!(
+        errs[0]
+            .reason
+            .contains("quantized base weights (quantization nf4)"),
+        "{}",
+        errs[0].reason
+    );
+    let errs = errors(&job(&spec("mode: inference, float8: tensorwise")));
+    assert_eq!(paths(&errs), ["spec.training.float8"]);
+    assert!(
+        errs[0].reason.contains("training recipe"),
+        "{}",
+        errs[0].reason
+    );
+    let errs = errors(&job(
+        "model: {preset: llama-3.1-8b}\ntraining: {float8: tensorwise}\nparallelism: {gpus: 8, strategy: megatron, tensorParallel: 8}",
+    ));
+    assert_eq!(paths(&errs), ["spec.training.float8"]);
+    assert!(
+        errs[0].reason.contains("strategy megatron"),
+        "{}",
+        errs[0].reason
+    );
+    let errs = errors(&job(&spec("float8: columnwise")));
+    assert_eq!(paths(&errs), ["spec.training.float8"]);
+    assert!(
+        errs[0]
+            .reason
+            .contains("tensorwise | rowwise | rowwise-with-gw-hp"),
+        "{}",
+        errs[0].reason
+    );
+}
+
+#[test]
+fn float8_all_gather_needs_tensorwise_under_fsdp2_full_sharding() {
+    let spec = |training: &str, parallelism: &str| {
+        format!(
+            "model: {{preset: llama-3.1-8b}}\ntraining: {{{training}}}\nparallelism: {{gpus: 8, {parallelism}}}"
+        )
+    };
+    let fsdp2 = "strategy: fsdp, fsdpVersion: \"2\"";
+    let ok = spec("float8: tensorwise, float8AllGather: true", fsdp2);
+    assert!(check(&job(&ok)).is_ok(), "{ok}");
+    // FSDP's default sharding is full; a stack's FSDP version is not refused.
+    let ok = spec(
+        "float8: tensorwise, float8AllGather: true",
+        "strategy: fsdp",
+    );
+    assert!(check(&job(&ok)).is_ok(), "{ok}");
+    let gather = "spec.training.float8AllGather";
+    for (training, parallelism, words) in [
+        (
+            "float8: rowwise, float8AllGather: true",
+            fsdp2,
+            "float8 is rowwise",
+        ),
+        (
+            "float8: rowwise-with-gw-hp, float8AllGather: true",
+            fsdp2,
+            "float8 is rowwise-with-gw-hp",
+        ),
+        ("float8AllGather: true", fsdp2, "float8 is not set"),
+        (
+            "float8: tensorwise, float8AllGather: true",
+            "strategy: ddp",
+            "strategy ddp at zeroStage 0",
+        ),
+        (
+            "float8: tensorwise, float8AllGather: true",
+            "strategy: fsdp, sharding: shard-grad-op",
+            "strategy fsdp at zeroStage 2",
+        ),
+        (
+            "float8: tensorwise, float8AllGather: true",
+            "strategy: fsdp, fsdpVersion: \"1\"",
+            "fsdpVersion is 1",
+        ),
+    ] {
+        let s = spec(training, parallelism);
+        let errs = errors(&job(&s));
+        assert_eq!(paths(&errs), [gather], "{s}");
+        assert!(errs[0].reason.contains(words), "{s}: {}", errs[0].reason);
+    }
+    // Off, it asks nothing.
+    let off = spec("float8AllGather: false", "strategy: ddp");
+    assert!(check(&job(&off)).is_ok(), "{off}");
+}
+
+#[test]
 fn gptq_and_awq_formats_are_checked_and_read_from_the_config() {
     // AWQ has one 4-bit format; GPTQ 2, 3, 4 and 8.
     let errs = errors(&job(

@@ -2,7 +2,8 @@
 //! apart from its plan. Covered: the model (every field as written), the
 //! training mode, adapters, quantization, trainable parameters, sequence
 //! length, attention, framework, compilation, data kept on the GPU,
-//! activation offloading, optimizer-in-backward, and the parallel layout
+//! activation offloading, optimizer-in-backward, float8 training (where
+//! set), and the parallel layout
 //! (GPUs, tensor/pipeline/context/sequence parallelism, strategy, offload).
 //! Left out on purpose: what the planner may change (micro-batch size,
 //! precision, checkpointing, optimizer, ZeRO stage, loss) and the global
@@ -28,7 +29,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 fn covered(spec: &TrainingJobSpec) -> Value {
     let t = &spec.training;
     let p = &spec.parallelism;
-    json!({
+    let mut v = json!({
         "model": spec.model,
         "mode": t.mode,
         "lora": t.lora,
@@ -53,7 +54,14 @@ fn covered(spec: &TrainingJobSpec) -> Value {
             "contextParallel": p.context_parallel,
             "offload": p.offload,
         },
-    })
+    });
+    // Float8 training changes what the step holds; written only where set,
+    // so the fingerprints of jobs without it stay as they were.
+    if let Some(recipe) = t.float8 {
+        v["float8"] = json!(recipe);
+        v["float8AllGather"] = json!(t.float8_all_gather);
+    }
+    v
 }
 
 /// 16 hex digits.
@@ -120,6 +128,20 @@ training: {mode: lora, microBatchSize: 4, sequenceLength: 2048, lora: {rank: 16}
         let other_model = BASE.replace("llama-3.1-8b", "llama-3.1-70b");
         assert_ne!(a, fingerprint(&spec(&other_model)));
         assert_eq!(profile_name(&a), format!("mp-{a}"));
+    }
+
+    #[test]
+    fn float8_sets_a_job_apart_and_leaves_others_as_they_were() {
+        let a = fingerprint(&spec(BASE));
+        // The canonical value of a job without float8 holds no float8 key.
+        assert!(!covered(&spec(BASE)).to_string().contains("float8"));
+        let float8 = BASE.replace("mode: lora,", "mode: lora, float8: tensorwise,");
+        let gathered = BASE.replace(
+            "mode: lora,",
+            "mode: lora, float8: tensorwise, float8AllGather: true,",
+        );
+        let (f, g) = (fingerprint(&spec(&float8)), fingerprint(&spec(&gathered)));
+        assert!(a != f && a != g && f != g, "{a} {f} {g}");
     }
 
     #[test]

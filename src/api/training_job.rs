@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::schema::{preserve_object, preserve_object_list};
 
+mod float8;
 mod parallelism;
 mod status;
+pub use float8::Float8Recipe;
 pub use parallelism::*;
 pub use status::*;
 
@@ -247,7 +249,10 @@ pub struct CustomModel {
         {"rule": "self.mode != 'qlora' || !has(self.quantization) || self.quantization != 'none'", "message": "mode qlora needs quantized base weights (quantization nf4, nf4-double, gptq or awq)"},
         {"rule": "self.mode != 'full' || !has(self.quantization) || self.quantization == 'none'", "message": "quantized base weights cannot be trained in mode full"},
         {"rule": "!has(self.lora) || self.mode == 'lora' || self.mode == 'qlora'", "message": "lora is only used with mode lora or qlora"},
-        {"rule": "!has(self.weightsLoad) || self.weightsLoad != 'fp32-cast' || (has(self.precision) && (self.precision == 'bf16' || self.precision == 'fp16'))", "message": "weightsLoad fp32-cast is only used with precision bf16 or fp16 (16-bit weights cast from an fp32 build)"}
+        {"rule": "!has(self.weightsLoad) || self.weightsLoad != 'fp32-cast' || (has(self.precision) && (self.precision == 'bf16' || self.precision == 'fp16'))", "message": "weightsLoad fp32-cast is only used with precision bf16 or fp16 (16-bit weights cast from an fp32 build)"},
+        {"rule": "!has(self.float8) || !has(self.precision) || self.precision == 'bf16-mixed' || self.precision == 'fp16-mixed' || self.precision == 'bf16'", "message": "float8 is only used with precision bf16-mixed, fp16-mixed or bf16 (torchao casts 16-bit matmul operands to float8)"},
+        {"rule": "!has(self.float8) || !has(self.quantization) || self.quantization == 'none'", "message": "float8 cannot be used with quantized base weights (Float8Linear replaces unquantized nn.Linear modules)"},
+        {"rule": "!has(self.float8AllGather) || !self.float8AllGather || (has(self.float8) && self.float8 == 'tensorwise')", "message": "float8AllGather needs float8 tensorwise (torchao's float8 all-gather takes tensorwise scaling only)"}
 ]))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingSpec {
@@ -303,6 +308,19 @@ pub struct TrainingSpec {
     /// weights (`fp32Build`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights_load: Option<WeightsLoad>,
+    /// torchao float8 training: tensorwise | rowwise | rowwise-with-gw-hp,
+    /// torchao's `Float8LinearRecipeName`s, with which the blocks' linears
+    /// become `Float8Linear` (torchtitan `--model.converters float8`). With
+    /// precision bf16-mixed, fp16-mixed or bf16 and unquantized weights;
+    /// absent: no float8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub float8: Option<Float8Recipe>,
+    /// FSDP2 all-gathers the float8 linears' weights in float8, cast on each
+    /// shard before the gather (torchtitan `enable_fsdp_float8_all_gather`):
+    /// the gathered blocks' linears at 1 byte per element. Needs float8
+    /// tensorwise and FSDP2 full sharding.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub float8_all_gather: bool,
     #[serde(default)]
     pub optimizer: Optimizer,
     #[serde(default)]
@@ -385,6 +403,8 @@ impl Default for TrainingSpec {
             sequence_length: None,
             precision: Precision::default(),
             weights_load: None,
+            float8: None,
+            float8_all_gather: false,
             optimizer: Optimizer::default(),
             optimizer_in_backward: false,
             gradient_checkpointing: Checkpointing::default(),

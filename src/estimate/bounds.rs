@@ -72,10 +72,12 @@ pub enum Mechanism {
     /// A 16-bit model built at fp32 on the device and cast there (declared
     /// by the job): how many of the fp32 blocks the cast frees stay reserved.
     Fp32Build,
+    /// The fp8 copy of its weight a tensorwise float8 linear keeps for backward.
+    Float8Weight,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 19;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -95,6 +97,7 @@ impl Mechanism {
         Mechanism::CompiledActivations,
         Mechanism::ExpertLoop,
         Mechanism::Fp32Build,
+        Mechanism::Float8Weight,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -118,6 +121,7 @@ impl Mechanism {
             Mechanism::CompiledActivations => "compiledActivations",
             Mechanism::ExpertLoop => "expertLoop",
             Mechanism::Fp32Build => "fp32Build",
+            Mechanism::Float8Weight => "float8Weight",
         }
     }
 
@@ -153,6 +157,9 @@ impl Mechanism {
             }
             Mechanism::Fp32Build => {
                 "training.weightsLoad: dtype (the model loaded in its 16-bit dtype), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            }
+            Mechanism::Float8Weight => {
+                "training.float8AllGather: true (the gathered weight is already float8)"
             }
         }
     }
@@ -752,7 +759,9 @@ pub fn casts_at_backward_end(ends: &Ends) -> f64 {
     ends.pick(Mechanism::CastCopies, 0.0, 1.0, 1.0)
 }
 
+mod float8;
 mod reserved;
+pub use float8::float8_weight_saved;
 pub use reserved::{expert_loop, fp32_build};
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use peft::{lora_of, validate_peft};
 pub use quantization::quantization_name;
 use quantization::resolved_quantization;
 
+mod float8;
 mod model;
 mod peft;
 mod quantization;
@@ -251,6 +252,7 @@ fn validate_hinted(
     weights_load(errs, t);
 
     let (quantization, quantization_bits, quantization_group) = resolved_quantization(errs, spec);
+    float8::float8(errs, t, &spec.parallelism, quantization);
     let lora = lora_of(errs, t, model.as_ref());
     validate_peft(
         errs,

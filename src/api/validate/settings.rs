@@ -171,6 +171,7 @@ impl ValidatedJob {
         offload_gradients(&mut errs, p, settings.gradient_accumulation_steps);
         checkpoint_every(&mut errs, t);
         weights_load(&mut errs, t);
+        super::float8::float8(&mut errs, t, p, job.quantization);
         errs.into_result(job)
     }
 

@@ -174,3 +174,29 @@ fn a_declared_fp32_build_lifts_only_the_upper_end_of_reserved() {
         |s: &crate::api::EstimateStatus| s.spread.iter().any(|r| r.mechanism == "fp32Build");
     assert!(named(c) && !named(p), "{:?}", c.spread);
 }
+
+#[test]
+fn only_a_tensorwise_float8_linear_without_the_float8_gather_keeps_an_fp8_weight() {
+    use crate::api::{Float8Recipe, TrainingSpec};
+    let spec = |float8, float8_all_gather| TrainingSpec {
+        float8,
+        float8_all_gather,
+        ..TrainingSpec::default()
+    };
+    let at = |end, t: &TrainingSpec| float8_weight_saved(&Ends::all(end), t);
+    let tensorwise = spec(Some(Float8Recipe::Tensorwise), false);
+    assert_eq!(
+        [End::Low, End::Point, End::High].map(|e| at(e, &tensorwise)),
+        [0.0, 1.0, 1.0]
+    );
+    for t in [
+        spec(None, false),
+        spec(Some(Float8Recipe::Tensorwise), true),
+        spec(Some(Float8Recipe::Rowwise), false),
+        spec(Some(Float8Recipe::RowwiseWithGwHp), false),
+    ] {
+        for end in [End::Low, End::Point, End::High] {
+            assert_eq!(at(end, &t), 0.0, "{t:?}");
+        }
+    }
+}

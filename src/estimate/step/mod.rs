@@ -14,6 +14,7 @@ use super::gpus::{self, GpuProduct};
 use super::stacks::Profile;
 use crate::api::{Precision, ResolvedModel, Strategy, TrainingMode, ValidatedJob};
 
+mod float8;
 mod layers;
 mod optimizer;
 mod quant;

@@ -4,7 +4,7 @@
 //! temporaries (`saved`), the head and its loss (`head`) and generation's
 //! KV cache (`inference`). [`Setting`] carries what they all read.
 
-use super::{MIB, Recipe, Stage, precision_bytes, recipe};
+use super::{MIB, Recipe, Stage, float8, precision_bytes, recipe};
 use crate::api::arch::Arch;
 use crate::api::gpus::GpuProduct;
 use crate::api::params::{self, Counts};
@@ -85,7 +85,8 @@ pub(super) struct Setting<'a> {
     /// Gradients of earlier micro-batches are live through the step (the
     /// same rule as `StepModel::accumulating`).
     accumulating: bool,
-    /// One block's linears, gathered at the compute dtype (bytes).
+    /// One block's linears, gathered at the compute dtype, or in float8
+    /// under FSDP2's float8 all-gather (bytes).
     block_gathered: f64,
     /// The MLP's width per token on this rank.
     i_width: f64,
@@ -157,7 +158,7 @@ impl<'a> Setting<'a> {
                 Some(_) => job.gradient_accumulation_steps > 1,
                 None => profile.accumulates_by_default,
             },
-            block_gathered: counts.block_linear as f64 / tp * elem,
+            block_gathered: counts.block_linear as f64 / tp * float8::gathered_bytes(t, elem, dp),
             i_width: arch.mlp_width_per_token() / tp,
             counts,
         }

@@ -9,7 +9,7 @@ use crate::estimate::activations::{self, ActContext};
 use crate::estimate::bounds;
 use crate::estimate::peft;
 use crate::estimate::stacks::QuantLibrary;
-use crate::estimate::step::quant;
+use crate::estimate::step::{float8, quant};
 
 /// The blocks' saved tensors, in bytes unless named.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -126,8 +126,11 @@ pub(super) fn saved(st: &Setting, w: &Weights, ctx: &ActContext) -> Saved {
     let recompute = if t.gradient_checkpointing == Checkpointing::None {
         0.0
     } else {
-        // The recomputed block, with its autocast weight casts.
-        let casts = if st.mixed && st.zero < 3 && st.strategy_is_torch && w.quant.is_none() {
+        // The recomputed block, with its autocast weight casts (or the fp8
+        // weights its float8 linears keep, `bounds::float8_weight_saved`).
+        let casts = if t.float8.is_some() {
+            st.counts.block_linear as f64 / tp * bounds::float8_weight_saved(st.ends, t)
+        } else if st.mixed && st.zero < 3 && st.strategy_is_torch && w.quant.is_none() {
             st.block_gathered
         } else {
             0.0
@@ -208,8 +211,10 @@ pub(super) fn temporaries(st: &Setting, ctx: &ActContext, recompute: f64) -> Tem
         Mlp::Gated => 3.0,
         Mlp::Standard => 2.0,
     };
+    let (f8_forward, f8_backward) = float8_transients(st);
     let forward = tokens * elem * bounds::forward_temporaries(st.ends, i_width, mlp_planes)
         + dequant
+        + f8_forward
         + st.method.forward_transient(arch, elem, ctx.lora_targets) / tp;
     // Gradients of one block's largest activations plus what is live beside
     // its largest matrix's gradient as backward makes it; the head's matrix
@@ -226,6 +231,7 @@ pub(super) fn temporaries(st: &Setting, ctx: &ActContext, recompute: f64) -> Tem
     let backward =
         tokens * elem * bounds::backward_temporaries(st.ends, i_width, st.h, scores_grad)
             + dequant_backward
+            + f8_backward
             + block_grad_temp
             + recompute;
     Temporaries {
@@ -235,6 +241,31 @@ pub(super) fn temporaries(st: &Setting, ctx: &ActContext, recompute: f64) -> Tem
         dequant,
         dequant_backward,
     }
+}
+
+/// What the largest float8 linear of a block casts while it runs
+/// (`step::float8::transients`), `(forward, backward)`: the MLP's up (or
+/// gate) projection, hidden in and intermediate out, or its down projection
+/// the other way, whichever holds more. The weight reaches the function at
+/// the stored dtype, or at the compute dtype where ZeRO-3 / FSDP gathers it.
+fn float8_transients(st: &Setting) -> (f64, f64) {
+    let Some(recipe) = st.t.float8 else {
+        return (0.0, 0.0);
+    };
+    let i = st.arch.intermediate as f64 / st.tp;
+    let weight_bytes = if st.zero == 3 { st.elem } else { st.r.weight };
+    let saved = bounds::float8_weight_saved(st.ends, st.t);
+    let of = |input, output| {
+        let l = float8::Linear {
+            tokens: st.tokens,
+            input,
+            output,
+            weight_bytes,
+        };
+        float8::transients(recipe, l, st.elem, saved, st.t.float8_all_gather)
+    };
+    let (up, down) = (of(st.h, i), of(i, st.h));
+    (up.0.max(down.0), up.1.max(down.1))
 }
 
 /// Bytes live beside a trainable matrix's gradient (of `matrix` elements)

@@ -246,3 +246,152 @@ fn only_tensors_of_ten_mib_or_more_get_a_rounded_segment_of_their_own() {
     assert_eq!(own, 32.0 * 7.0 * 5.0);
     assert!(own <= counted);
 }
+
+/// Llama-3-8B: one block's linears (q and o 4096², k and v 4096 x 1024,
+/// gate, up and down 4096 x 14336), the 32 blocks' and the untied head.
+const LLAMA3_BLOCK_LINEAR: f64 = 218_103_808.0;
+const LLAMA3_LINEAR: f64 = 32.0 * LLAMA3_BLOCK_LINEAR;
+const LLAMA3_HEAD: f64 = 128_256.0 * 4096.0;
+
+#[test]
+fn float8_all_gather_gathers_a_blocks_linears_at_one_byte() {
+    let spec = |float8: &str| {
+        job(&format!(
+            "model: {{preset: llama-3-8b}}\ntraining: {{{float8}}}\nparallelism: {{gpus: 8, strategy: fsdp, zeroStage: 3, fsdpVersion: \"2\"}}\n"
+        ))
+    };
+    let fsdp2 = |j: &ValidatedJob| Profile {
+        unsharded_stage_under_pp: false,
+        frozen_units_stay_unsharded: false,
+        ..profile(j)
+    };
+    let at = |j: &ValidatedJob, ends: &Ends| {
+        with(j, &fsdp2(j), ends, |st| {
+            let w = weights::weights(st);
+            (st.block_gathered, w.weight_transient, w.casts)
+        })
+    };
+    // bf16 under FSDP's mixed precision: two blocks gathered at two bytes.
+    let bf16 = at(&spec(""), &POINT);
+    assert_eq!(
+        bf16,
+        (LLAMA3_BLOCK_LINEAR * 2.0, 4.0 * LLAMA3_BLOCK_LINEAR, 0.0)
+    );
+    // Float8 all-gather: one byte per gathered element plus the shard's own
+    // fp8 cast (an eighth); the saved fp8 weight is a view of the gathered one.
+    let gathered = LLAMA3_BLOCK_LINEAR * (1.0 + 1.0 / 8.0);
+    let ag = spec("float8: tensorwise, float8AllGather: true");
+    assert_eq!(at(&ag, &POINT), (gathered, 2.0 * gathered, 0.0));
+    // Tensorwise without it: bf16's gathers, and every block keeps the fp8
+    // copy of its unsharded weights for backward (`float8Weight`), none at
+    // the low end (the cast recomputed in backward).
+    let tensorwise = spec("float8: tensorwise");
+    assert_eq!(
+        at(&tensorwise, &POINT),
+        (bf16.0, bf16.1 + LLAMA3_LINEAR, LLAMA3_LINEAR)
+    );
+    let low = Ends::point_but(Mechanism::Float8Weight, End::Low);
+    assert_eq!(at(&tensorwise, &low), bf16);
+    // Rowwise keeps the high-precision weight backward gathers again.
+    assert_eq!(at(&spec("float8: rowwise"), &POINT), bf16);
+}
+
+#[test]
+fn float8_linears_take_no_autocast_cast_and_tensorwise_keeps_an_fp8_copy() {
+    let spec = |float8: &str| {
+        job(&format!(
+            "model: {{preset: llama-3-8b}}\ntraining: {{precision: bf16-mixed{float8}}}\n"
+        ))
+    };
+    let casts = |j: &ValidatedJob| {
+        with(j, &profile(j), &POINT, |st| {
+            let w = weights::weights(st);
+            assert_eq!(w.weight_transient, w.casts);
+            w.casts
+        })
+    };
+    // bf16-mixed: a 16-bit cast of every linear and of the head.
+    assert_eq!(casts(&spec("")), (LLAMA3_LINEAR + LLAMA3_HEAD) * 2.0);
+    // The blocks' float8 linears cast their fp32 weights straight to fp8:
+    // tensorwise keeps that copy (one byte), rowwise nothing; the head stays
+    // a plain linear with its cast.
+    assert_eq!(
+        casts(&spec(", float8: tensorwise")),
+        LLAMA3_LINEAR + LLAMA3_HEAD * 2.0
+    );
+    assert_eq!(casts(&spec(", float8: rowwise")), LLAMA3_HEAD * 2.0);
+    assert_eq!(
+        casts(&spec(", float8: rowwise-with-gw-hp")),
+        LLAMA3_HEAD * 2.0
+    );
+    // Pure bf16 has no casts; tensorwise adds its fp8 copies.
+    let pure =
+        job("model: {preset: llama-3-8b}\ntraining: {precision: bf16, float8: tensorwise}\n");
+    assert_eq!(casts(&pure), LLAMA3_LINEAR);
+}
+
+#[test]
+fn a_float8_linear_casts_its_operands_by_recipe() {
+    use crate::api::Float8Recipe::{Rowwise, RowwiseWithGwHp, Tensorwise};
+    use crate::estimate::step::float8::{Linear, transients};
+    // 1000 tokens through an up projection (4096 in, 14336 out) whose fp32
+    // weight (58 720 256 elements) runs under bf16 autocast.
+    let l = Linear {
+        tokens: 1000.0,
+        input: 4096.0,
+        output: 14336.0,
+        weight_bytes: 4.0,
+    };
+    let matrix = 4096.0 * 14336.0;
+    // Tensorwise, the fp8 weight kept from forward: the input's cast in
+    // forward; the gradient's two casts and the input's again in backward.
+    assert_eq!(
+        transients(Tensorwise, l, 2.0, 1.0, false),
+        (4_096_000.0, 32_768_000.0)
+    );
+    // Not kept: the weight is cast in forward and again in backward.
+    assert_eq!(
+        transients(Tensorwise, l, 2.0, 0.0, false),
+        (4_096_000.0 + matrix, 32_768_000.0 + matrix)
+    );
+    // Gathered in float8: no weight cast at all.
+    assert_eq!(
+        transients(Tensorwise, l, 2.0, 0.0, true),
+        (4_096_000.0, 32_768_000.0)
+    );
+    // Rowwise: row scales, the weight cast in each pass, and backward's
+    // high-precision `grad_output * 0` plane and `weight + zero` copy.
+    assert_eq!(
+        transients(Rowwise, l, 2.0, 0.0, false),
+        (62_877_600.0, 355_123_008.0)
+    );
+    // The weight's gradient in high precision: one gradient cast (rowwise)
+    // and one weight cast (tensorwise) in backward.
+    assert_eq!(
+        transients(RowwiseWithGwHp, l, 2.0, 0.0, false),
+        (62_877_600.0, 73_060_256.0)
+    );
+}
+
+#[test]
+fn float8_transients_join_the_blocks_temporaries() {
+    let spec = |float8: &str| {
+        job(&format!(
+            "model: {{preset: llama-3-8b}}\ntraining: {{microBatchSize: 1, sequenceLength: 1000{float8}}}\n"
+        ))
+    };
+    let temps = |j: &ValidatedJob| {
+        with(j, &profile(j), &POINT, |st| {
+            let ctx = saved::act_context(st);
+            let t = saved::temporaries(st, &ctx, 0.0);
+            (t.forward, t.backward)
+        })
+    };
+    let (f, b) = temps(&spec(""));
+    // Tensorwise, its copy kept: in forward the down projection's input
+    // cast (14336 per token) is the larger, in backward the up projection's
+    // two gradient casts and its input's (2 x 14336 + 4096 per token; the
+    // down projection's 2 x 4096 + 14336).
+    let (f8, b8) = temps(&spec(", float8: tensorwise"));
+    assert_eq!((f8 - f, b8 - b), (14_336_000.0, 32_768_000.0));
+}

@@ -161,13 +161,27 @@ pub(super) fn gathers(st: &Setting, w: &mut Weights) {
 /// saved for backward, so all of them are live at the end of forward.
 /// Quantized linears dequantize per call instead (a transient, in
 /// `saved::temporaries`).
+///
+/// Float8 linears (`training.float8`, the blocks' linears; the head stays a
+/// plain linear, as torchtitan's `filter_fqns = ["output"]` and Accelerate's
+/// first-and-last filter keep it) take no autocast cast: `Float8Linear.forward`
+/// casts its input to the autocast dtype and its weight straight to float8
+/// without `F.linear`. What such a linear keeps of its weight is the fp8
+/// copy (`bounds::float8_weight_saved`), held as the casts are.
 pub(super) fn autocast_casts(st: &Setting, w: &mut Weights) {
     let (t, elem) = (st.t, st.elem);
+    // A checkpointed block keeps none of its casts (its saved tensors are
+    // dropped and recomputed; op-level selective checkpointing recomputes
+    // casts too), so only the blocks that are not checkpointed hold theirs.
+    let kept_share = uncheckpointed_share(t);
+    let float8 = t.float8.is_some() && !st.inference;
+    if float8 {
+        let fp8_copies = w.linear * kept_share * bounds::float8_weight_saved(st.ends, t);
+        w.weight_transient += fp8_copies;
+        w.casts += fp8_copies;
+    }
+    let linear_casts = if float8 { 0.0 } else { w.linear * kept_share };
     if st.mixed && st.zero < 3 && st.strategy_is_torch && !st.inference && w.quant.is_none() {
-        // A checkpointed block keeps none of its casts (its saved tensors are
-        // dropped and recomputed; op-level selective checkpointing recomputes
-        // casts too), so only the blocks that are not checkpointed hold theirs.
-        let kept_share = uncheckpointed_share(t);
         // A tied head multiplies by the embedding's matrix: its 16-bit cast is
         // saved by the head's matmul for the hidden states' gradient.
         let tied_head = if st.last && w.head == 0.0 && st.arch.tied && st.lm_head() {
@@ -175,8 +189,8 @@ pub(super) fn autocast_casts(st: &Setting, w: &mut Weights) {
         } else {
             0.0
         };
-        w.weight_transient += (w.linear * kept_share + w.head + tied_head) * elem;
-        w.casts = (w.linear * kept_share + w.head + tied_head) * elem;
+        w.weight_transient += (linear_casts + w.head + tied_head) * elem;
+        w.casts += (linear_casts + w.head + tied_head) * elem;
         // Autocast caches the cast only of weights that require grad: a
         // frozen head run once per loss chunk is cast, and saved, per chunk.
         if t.mode != TrainingMode::Full && t.loss == Loss::Chunked && st.last {
