@@ -72,10 +72,13 @@ pub enum Mechanism {
     /// A 16-bit model built at fp32 on the device and cast there (declared
     /// by the job): how many of the fp32 blocks the cast frees stay reserved.
     Fp32Build,
+    /// What a zero-bubble schedule's stage keeps of a micro-batch between
+    /// its input backward and its weight backward.
+    SplitBackward,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 19;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -95,6 +98,7 @@ impl Mechanism {
         Mechanism::CompiledActivations,
         Mechanism::ExpertLoop,
         Mechanism::Fp32Build,
+        Mechanism::SplitBackward,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -118,6 +122,7 @@ impl Mechanism {
             Mechanism::CompiledActivations => "compiledActivations",
             Mechanism::ExpertLoop => "expertLoop",
             Mechanism::Fp32Build => "fp32Build",
+            Mechanism::SplitBackward => "splitBackward",
         }
     }
 
@@ -153,6 +158,9 @@ impl Mechanism {
             }
             Mechanism::Fp32Build => {
                 "training.weightsLoad: dtype (the model loaded in its 16-bit dtype), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+            }
+            Mechanism::SplitBackward => {
+                "parallelism.pipelineSchedule (a schedule without the input/weight split)"
             }
         }
     }
@@ -750,7 +758,9 @@ pub fn casts_at_backward_end(ends: &Ends) -> f64 {
     ends.pick(Mechanism::CastCopies, 0.0, 1.0, 1.0)
 }
 
+mod pipeline;
 mod reserved;
+pub use pipeline::split_backward_held;
 pub use reserved::{expert_loop, fp32_build};
 
 #[cfg(test)]
