@@ -116,6 +116,11 @@ const CASES: &[(&str, &str, bool)] = &[
         false,
     ),
     (
+        "the V schedule without pipeline stages",
+        "  model: {preset: gpt2}\n  parallelism: {pipelineSchedule: dualpipev}\n",
+        true,
+    ),
+    (
         "DeepSpeed optimizer offload without zero",
         "  model: {preset: gpt2}\n  parallelism: {strategy: deepspeed, offload: optimizer}\n",
         false,

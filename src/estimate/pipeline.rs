@@ -18,6 +18,11 @@
 //!
 //! GPipe, 1F1B and interleaved 1F1B keep the estimator's earlier figures
 //! (the first stage's; the last stage one micro-batch).
+//!
+//! Stage 0 runs no input backward of its own (`backward_one_chunk` skips it
+//! for the first stage and W runs the whole backward, stage.py): its pairs
+//! between I and W keep everything, with no linear output gradients; they
+//! are counted as any other split pair, a little high.
 
 use crate::api::PipelineSchedule;
 

@@ -556,7 +556,7 @@ fn pipeline_schedule(errs: &mut Errors, p: &ParallelismSpec) {
             "more than 1 needs a multi-stage pipelineSchedule: interleaved-1f1b, looped-bfs, interleaved-zero-bubble, zbv-zero-bubble or dualpipev",
         );
     }
-    if s.v_shape() && p.virtual_stages != 2 {
+    if s.v_shape() && p.pipeline_parallel > 1 && p.virtual_stages != 2 {
         errs.push(
             "spec.parallelism.virtualStages",
             format!(
