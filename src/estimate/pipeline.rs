@@ -139,7 +139,10 @@ mod tests {
     /// held, split (both as whole-rank micro-batches), and the most pairs
     /// of the loss's stage between their I and W at once. A sample of its
     /// 730 rows: small and large m, m not a multiple of p, every v.
-    const WALKED: &[(&str, u64, u64, u64, u64, f64, f64, f64)] = &[
+    /// schedule, p, v, m, rank, held, split, loss-stage pairs between I and W.
+    type Walked = (&'static str, u64, u64, u64, u64, f64, f64, f64);
+
+    const WALKED: &[Walked] = &[
         ("looped-bfs", 2, 1, 1, 0, 1.0, 0.0, 0.0),
         ("looped-bfs", 4, 2, 8, 0, 8.0, 0.0, 0.0),
         ("looped-bfs", 4, 2, 8, 3, 8.0, 0.0, 0.0),

@@ -588,13 +588,15 @@ fn micro_batches_fit_schedule(errs: &mut Errors, spec: &TrainingJobSpec, m: u64)
                 2 * pp
             ),
         ),
-        PipelineSchedule::InterleavedZeroBubble if m % (m / pp).max(1) != 0 => errs.push(
-            "spec.training.globalBatchSize",
-            format!(
-                "gives {m} micro-batches per step; pipelineSchedule interleaved-zero-bubble runs them in {} rounds and needs a multiple of that (e.g. a multiple of pipelineParallel = {pp})",
-                (m / pp).max(1)
-            ),
-        ),
+        PipelineSchedule::InterleavedZeroBubble if !m.is_multiple_of((m / pp).max(1)) => {
+            let rounds = (m / pp).max(1);
+            errs.push(
+                "spec.training.globalBatchSize",
+                format!(
+                    "gives {m} micro-batches per step; pipelineSchedule interleaved-zero-bubble runs them in {rounds} rounds and needs a multiple of that (e.g. a multiple of pipelineParallel = {pp})"
+                ),
+            )
+        }
         _ => {}
     }
 }
