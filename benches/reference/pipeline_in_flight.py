@@ -16,8 +16,8 @@ Printed per schedule, pipeline stages p, virtual stages v, micro-batches m and r
 (of those, the pairs between their I and their W at that moment, / v) and `head` (the
 most micro-batches of the last stage, the one with the loss, between their I and W at
 once: each keeps the gradient of its logits). The table in
-`src/estimate/step/transformer/saved.rs` (`in_flight` tests) is this output for the
-first and last rank.
+`src/estimate/pipeline.rs` (its tests) is a sample of this output, which is committed
+beside this script as `pipeline_in_flight.txt`.
 
     target/reference-venv/bin/python benches/reference/pipeline_in_flight.py
 

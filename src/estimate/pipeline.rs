@@ -16,8 +16,10 @@
 //! output for the first and the last rank; the closed forms here agree with
 //! every row.
 //!
-//! GPipe, 1F1B and interleaved 1F1B keep the estimator's earlier figures
-//! (the first stage's; the last stage one micro-batch).
+//! Interleaved 1F1B's order (`ScheduleInterleaved1F1B`) is walked the same
+//! way. GPipe runs every forward before any backward; 1F1B keeps the
+//! estimator's earlier figures (p on the first stage, one micro-batch on
+//! the last).
 //!
 //! Stage 0 runs no input backward of its own (`backward_one_chunk` skips it
 //! for the first stage and W runs the whole backward, stage.py): its pairs
@@ -76,18 +78,28 @@ pub fn in_flight(
     }
     let (pf, vf) = (p as f64, v.max(1) as f64);
     match schedule {
-        PipelineSchedule::Gpipe => InFlight::whole(match rank {
-            Rank::First => m.unwrap_or(1).max(1) as f64,
-            Rank::Last => 1.0,
-        }),
+        // Every micro-batch's forward, then the backwards
+        // (`ScheduleGPipe._step_microbatches`): all of them on every rank.
+        PipelineSchedule::Gpipe => InFlight::whole(m.unwrap_or(1).max(1) as f64),
         PipelineSchedule::OneFOneB => InFlight::whole(match rank {
             Rank::First => pf,
             Rank::Last => 1.0,
         }),
-        PipelineSchedule::Interleaved1f1b => InFlight::whole(match rank {
-            Rank::First => pf * (1.0 + (pf - 1.0) / (pf * vf)),
-            Rank::Last => 1.0,
-        }),
+        PipelineSchedule::Interleaved1f1b => {
+            // Warm-up of (v − 1) rounds plus two forwards per hop to the last
+            // rank (multiply_factor 2), then one more forward before the
+            // first backward. With m a multiple of p, rank 0 holds
+            // p × (1 + (p − 1) / (p v)), Megatron's figure.
+            let known = m.is_some();
+            let m = m.unwrap_or(p).max(1);
+            let per_round = m / (m / p).max(1);
+            let hops = match rank {
+                Rank::First => 2.0 * (pf - 1.0),
+                Rank::Last => 0.0,
+            };
+            let held = ((vf - 1.0) * per_round as f64 + hops + 1.0) / vf;
+            InFlight::whole(if known { held.min(m as f64) } else { held })
+        }
         // Every local stage's forwards of every micro-batch, then the
         // backwards: all of them on every rank.
         PipelineSchedule::LoopedBfs => InFlight::whole(m.unwrap_or(1).max(1) as f64),
@@ -181,6 +193,20 @@ mod tests {
         ("zbv-zero-bubble", 8, 2, 12, 0, 6.5, 0.5, 1.0),
         ("zbv-zero-bubble", 8, 2, 32, 0, 8.0, 0.5, 1.0),
         ("zbv-zero-bubble", 8, 2, 32, 7, 8.0, 0.5, 0.0),
+        ("interleaved-1f1b", 2, 1, 4, 0, 3.0, 0.0, 0.0),
+        ("interleaved-1f1b", 2, 1, 4, 1, 1.0, 0.0, 0.0),
+        ("interleaved-1f1b", 3, 4, 8, 0, 4.25, 0.0, 0.0),
+        ("interleaved-1f1b", 3, 4, 8, 2, 3.25, 0.0, 0.0),
+        ("interleaved-1f1b", 4, 1, 2, 0, 2.0, 0.0, 0.0),
+        ("interleaved-1f1b", 4, 1, 2, 3, 1.0, 0.0, 0.0),
+        ("interleaved-1f1b", 4, 2, 6, 0, 6.0, 0.0, 0.0),
+        ("interleaved-1f1b", 4, 2, 6, 3, 3.5, 0.0, 0.0),
+        ("interleaved-1f1b", 4, 2, 32, 0, 5.5, 0.0, 0.0),
+        ("interleaved-1f1b", 4, 2, 32, 3, 2.5, 0.0, 0.0),
+        ("interleaved-1f1b", 8, 4, 12, 0, 12.0, 0.0, 0.0),
+        ("interleaved-1f1b", 8, 4, 12, 7, 9.25, 0.0, 0.0),
+        ("interleaved-1f1b", 8, 4, 32, 0, 9.75, 0.0, 0.0),
+        ("interleaved-1f1b", 8, 4, 32, 7, 6.25, 0.0, 0.0),
         ("dualpipev", 2, 2, 4, 0, 2.5, 0.0, 1.0),
         ("dualpipev", 3, 2, 6, 2, 3.5, 0.0, 0.0),
         ("dualpipev", 4, 2, 8, 0, 4.5, 0.0, 1.0),
@@ -221,20 +247,16 @@ mod tests {
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
-    /// Interleaved 1F1B's earlier figure is PyTorch's walk where m is a
-    /// multiple of p (`ScheduleInterleaved1F1B`: 11/2 at p 4, v 2, m 32;
-    /// 39/4 at p 8, v 4; 5 at p 3, v 1).
+    /// Interleaved 1F1B's first rank holds Megatron's p × (1 + (p − 1) /
+    /// (p v)) where m is a multiple of p, and so when m is not given.
     #[test]
-    fn interleaved_1f1b_keeps_the_first_stages_walked_figure() {
-        for (p, v, held) in [(4, 2, 5.5), (8, 4, 9.75), (3, 1, 5.0), (2, 4, 2.25)] {
-            let got = in_flight(
-                PipelineSchedule::Interleaved1f1b,
-                p,
-                v,
-                Some(32),
-                Rank::First,
-            );
-            assert_eq!(got.held, held, "p{p} v{v}");
+    fn interleaved_1f1b_first_rank_is_megatrons_figure_in_the_steady_state() {
+        for (p, v) in [(4, 2), (8, 4), (3, 1), (2, 4)] {
+            let megatron = p as f64 * (1.0 + (p as f64 - 1.0) / (p * v) as f64);
+            for m in [Some(32), Some(4 * p), None] {
+                let got = in_flight(PipelineSchedule::Interleaved1f1b, p, v, m, Rank::First);
+                assert_eq!(got.held, megatron, "p{p} v{v} m{m:?}");
+            }
         }
     }
 
