@@ -101,6 +101,26 @@ const CASES: &[(&str, &str, bool)] = &[
         false,
     ),
     (
+        "virtual stages under the zero-bubble schedule",
+        "  model: {preset: gpt2}\n  parallelism: {gpus: 2, pipelineParallel: 2, pipelineSchedule: interleaved-zero-bubble, virtualStages: 2}\n",
+        true,
+    ),
+    (
+        "the V schedule with two virtual stages",
+        "  model: {preset: gpt2}\n  parallelism: {gpus: 2, pipelineParallel: 2, pipelineSchedule: zbv-zero-bubble, virtualStages: 2}\n",
+        true,
+    ),
+    (
+        "the V schedule with one virtual stage",
+        "  model: {preset: gpt2}\n  parallelism: {gpus: 2, pipelineParallel: 2, pipelineSchedule: dualpipev}\n",
+        false,
+    ),
+    (
+        "the V schedule without pipeline stages",
+        "  model: {preset: gpt2}\n  parallelism: {pipelineSchedule: dualpipev}\n",
+        true,
+    ),
+    (
         "DeepSpeed optimizer offload without zero",
         "  model: {preset: gpt2}\n  parallelism: {strategy: deepspeed, offload: optimizer}\n",
         false,

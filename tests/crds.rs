@@ -200,7 +200,15 @@ fn enums_list_the_allowed_values() {
         ),
         (
             "spec.parallelism.pipelineSchedule",
-            &["gpipe", "1f1b", "interleaved-1f1b"],
+            &[
+                "gpipe",
+                "1f1b",
+                "interleaved-1f1b",
+                "looped-bfs",
+                "interleaved-zero-bubble",
+                "zbv-zero-bubble",
+                "dualpipev",
+            ],
         ),
         ("spec.fitPolicy.mode", &["Reject", "Adjust"]),
         (

@@ -237,6 +237,10 @@ fn parallelism() -> impl Strategy<Value = ParallelismSpec> {
             PipelineSchedule::Gpipe,
             PipelineSchedule::OneFOneB,
             PipelineSchedule::Interleaved1f1b,
+            PipelineSchedule::LoopedBfs,
+            PipelineSchedule::InterleavedZeroBubble,
+            PipelineSchedule::ZbvZeroBubble,
+            PipelineSchedule::DualPipeV,
         ]),
         0usize..3, // offload, as far as the ZeRO stage allows
     )
@@ -261,7 +265,7 @@ fn parallelism() -> impl Strategy<Value = ParallelismSpec> {
                     sequence_parallel: sp && tp > 1,
                     pipeline_parallel: pp,
                     pipeline_schedule: schedule,
-                    virtual_stages: if schedule == PipelineSchedule::Interleaved1f1b && pp > 1 {
+                    virtual_stages: if schedule.multi_stage() && pp > 1 {
                         2
                     } else {
                         1

@@ -74,10 +74,13 @@ pub enum Mechanism {
     Fp32Build,
     /// The fp8 copy of its weight a tensorwise float8 linear keeps for backward.
     Float8Weight,
+    /// What a zero-bubble schedule's stage keeps of a micro-batch between
+    /// its input backward and its weight backward.
+    SplitBackward,
 }
 
 impl Mechanism {
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 20;
     pub const ALL: [Mechanism; Mechanism::COUNT] = [
         Mechanism::CudaContext,
         Mechanism::NcclBuffers,
@@ -98,6 +101,7 @@ impl Mechanism {
         Mechanism::ExpertLoop,
         Mechanism::Fp32Build,
         Mechanism::Float8Weight,
+        Mechanism::SplitBackward,
     ];
 
     /// The name used in the explanation and in `estimate.spread`.
@@ -122,6 +126,7 @@ impl Mechanism {
             Mechanism::ExpertLoop => "expertLoop",
             Mechanism::Fp32Build => "fp32Build",
             Mechanism::Float8Weight => "float8Weight",
+            Mechanism::SplitBackward => "splitBackward",
         }
     }
 
@@ -160,6 +165,9 @@ impl Mechanism {
             }
             Mechanism::Float8Weight => {
                 "training.float8AllGather: true (the gathered weight is already float8)"
+            }
+            Mechanism::SplitBackward => {
+                "parallelism.pipelineSchedule (a schedule without the input/weight split)"
             }
         }
     }
@@ -760,8 +768,10 @@ pub fn casts_at_backward_end(ends: &Ends) -> f64 {
 }
 
 mod float8;
+mod pipeline;
 mod reserved;
 pub use float8::float8_weight_saved;
+pub use pipeline::split_backward_held;
 pub use reserved::{expert_loop, fp32_build};
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod stacks;
 mod activations;
 pub mod caching;
 mod first_step;
+pub mod pipeline;
 mod step;
 mod zero3;
 

@@ -11,7 +11,8 @@ use super::*;
 #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "self.gpus % (self.tensorParallel * self.pipelineParallel * self.contextParallel) == 0", "message": "gpus must be a multiple of tensorParallel × pipelineParallel × contextParallel"},
         {"rule": "!self.sequenceParallel || self.tensorParallel >= 2", "message": "sequenceParallel needs tensorParallel >= 2"},
-        {"rule": "self.virtualStages == 1 || self.pipelineSchedule == 'interleaved-1f1b'", "message": "virtualStages > 1 needs pipelineSchedule interleaved-1f1b"},
+        {"rule": "self.virtualStages == 1 || self.pipelineSchedule in ['interleaved-1f1b', 'looped-bfs', 'interleaved-zero-bubble', 'zbv-zero-bubble', 'dualpipev']", "message": "virtualStages > 1 needs a multi-stage pipelineSchedule: interleaved-1f1b, looped-bfs, interleaved-zero-bubble, zbv-zero-bubble or dualpipev"},
+        {"rule": "!(self.pipelineSchedule in ['zbv-zero-bubble', 'dualpipev']) || self.pipelineParallel == 1 || self.virtualStages == 2", "message": "pipelineSchedule zbv-zero-bubble and dualpipev place exactly 2 virtual stages per rank: virtualStages must be 2"},
         {"rule": "self.offload != 'optimizer' || self.strategy == 'ddp' || (has(self.zeroStage) ? self.zeroStage >= 1 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding != 'no-shard')))", "message": "optimizer offload needs zeroStage >= 1, or strategy ddp (torchao's CPUOffloadOptimizer)"},
         {"rule": "!self.offloadGradients || (self.offload == 'optimizer' && self.strategy == 'ddp')", "message": "offloadGradients is torchao's CPUOffloadOptimizer option; it needs offload optimizer and strategy ddp"},
         {"rule": "self.offload != 'optimizer-and-parameters' || (has(self.zeroStage) ? self.zeroStage == 3 : (self.strategy == 'fsdp' && (!has(self.sharding) || self.sharding == 'full-shard')))", "message": "parameter offload needs zeroStage 3"},
@@ -138,7 +139,10 @@ impl Sharding {
     }
 }
 
-/// gpipe | 1f1b | interleaved-1f1b.
+/// gpipe | 1f1b | interleaved-1f1b | looped-bfs | interleaved-zero-bubble |
+/// zbv-zero-bubble | dualpipev: the schedules of `torch.distributed.pipelining`
+/// (torchtitan's `pipeline_parallel_schedule`: GPipe, 1F1B, Interleaved1F1B,
+/// LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum PipelineSchedule {
     #[serde(rename = "gpipe")]
@@ -148,6 +152,47 @@ pub enum PipelineSchedule {
     OneFOneB,
     #[serde(rename = "interleaved-1f1b")]
     Interleaved1f1b,
+    /// Every micro-batch's forward through each local stage before any backward.
+    #[serde(rename = "looped-bfs")]
+    LoopedBfs,
+    /// ZB-H1: interleaved 1F1B with backward split into input (I) and weight (W) passes.
+    #[serde(rename = "interleaved-zero-bubble")]
+    InterleavedZeroBubble,
+    /// ZB-V: two virtual stages per rank in a V (rank 0 holds the first and the last).
+    #[serde(rename = "zbv-zero-bubble")]
+    ZbvZeroBubble,
+    /// DeepSeek's DualPipeV: two virtual stages per rank in a V, forward and backward overlapped.
+    #[serde(rename = "dualpipev")]
+    DualPipeV,
+}
+
+impl PipelineSchedule {
+    /// The value as the spec spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PipelineSchedule::Gpipe => "gpipe",
+            PipelineSchedule::OneFOneB => "1f1b",
+            PipelineSchedule::Interleaved1f1b => "interleaved-1f1b",
+            PipelineSchedule::LoopedBfs => "looped-bfs",
+            PipelineSchedule::InterleavedZeroBubble => "interleaved-zero-bubble",
+            PipelineSchedule::ZbvZeroBubble => "zbv-zero-bubble",
+            PipelineSchedule::DualPipeV => "dualpipev",
+        }
+    }
+
+    /// The schedules that place several virtual stages on a rank.
+    pub fn multi_stage(self) -> bool {
+        !matches!(self, PipelineSchedule::Gpipe | PipelineSchedule::OneFOneB)
+    }
+
+    /// The V schedules: exactly two virtual stages per rank, the first and
+    /// the last on rank 0 (`generate_stage_to_rank_mapping(style="v")`).
+    pub fn v_shape(self) -> bool {
+        matches!(
+            self,
+            PipelineSchedule::ZbvZeroBubble | PipelineSchedule::DualPipeV
+        )
+    }
 }
 
 /// none | optimizer | optimizer-and-parameters.

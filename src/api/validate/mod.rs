@@ -265,6 +265,7 @@ fn validate_hinted(
     let (model_parallel, data_parallel, gpus_per_node) = parallel_sizes(errs, &spec.parallelism);
     parallel_fits_model(errs, spec, model.as_ref(), model_parallel);
     let gradient_accumulation_steps = accumulation_steps(errs, spec, data_parallel);
+    micro_batches_fit_schedule(errs, spec, gradient_accumulation_steps);
     fit_policy(errs, spec);
     let (allocator, runtime, allocator_conf) = framework_of(errs, spec);
 
@@ -509,12 +510,7 @@ fn parallel_fits_model(
             "needs tensorParallel ≥ 2 (it splits the tensor-parallel group's activations)",
         );
     }
-    if p.virtual_stages > 1 && p.pipeline_schedule != PipelineSchedule::Interleaved1f1b {
-        errs.push(
-            "spec.parallelism.virtualStages",
-            "more than 1 needs pipelineSchedule: interleaved-1f1b",
-        );
-    }
+    pipeline_schedule(errs, p);
     offload(errs, p);
     if let Some(target) = t.target_length {
         let encoder_decoder = matches!(
@@ -550,6 +546,60 @@ fn parallel_fits_model(
             "spec.parallelism",
             "tensor, pipeline and context parallelism need a transformer model",
         );
+    }
+}
+
+/// Virtual stages the schedule places on a rank.
+fn pipeline_schedule(errs: &mut Errors, p: &ParallelismSpec) {
+    let s = p.pipeline_schedule;
+    if p.virtual_stages > 1 && !s.multi_stage() {
+        errs.push(
+            "spec.parallelism.virtualStages",
+            "more than 1 needs a multi-stage pipelineSchedule: interleaved-1f1b, looped-bfs, interleaved-zero-bubble, zbv-zero-bubble or dualpipev",
+        );
+    }
+    if s.v_shape() && p.pipeline_parallel > 1 && p.virtual_stages != 2 {
+        errs.push(
+            "spec.parallelism.virtualStages",
+            format!(
+                "is {}; pipelineSchedule {} places exactly 2 virtual stages per rank (in a V), so it must be 2",
+                p.virtual_stages,
+                s.name()
+            ),
+        );
+    }
+}
+
+/// What `torch.distributed.pipelining`'s schedules refuse of the number of
+/// micro-batches, where `globalBatchSize` gives it (the accumulation steps):
+/// DualPipeV needs at least one per stage (2 × pipelineParallel), the
+/// interleaved zero-bubble schedule a multiple of its rounds
+/// (max(1, m // pipelineParallel)); `ScheduleDualPipeV.__init__` and
+/// `ScheduleInterleavedZeroBubble.__init__` raise otherwise.
+fn micro_batches_fit_schedule(errs: &mut Errors, spec: &TrainingJobSpec, m: u64) {
+    let p = &spec.parallelism;
+    if spec.training.global_batch_size.is_none() || p.pipeline_parallel <= 1 {
+        return;
+    }
+    let pp = p.pipeline_parallel;
+    match p.pipeline_schedule {
+        PipelineSchedule::DualPipeV if m < 2 * pp => errs.push(
+            "spec.training.globalBatchSize",
+            format!(
+                "gives {m} micro-batches per step; pipelineSchedule dualpipev needs at least one per stage, 2 × pipelineParallel = {}",
+                2 * pp
+            ),
+        ),
+        PipelineSchedule::InterleavedZeroBubble if !m.is_multiple_of((m / pp).max(1)) => {
+            let rounds = (m / pp).max(1);
+            errs.push(
+                "spec.training.globalBatchSize",
+                format!(
+                    "gives {m} micro-batches per step; pipelineSchedule interleaved-zero-bubble runs them in {rounds} rounds and needs a multiple of that (e.g. a multiple of pipelineParallel = {pp})"
+                ),
+            )
+        }
+        _ => {}
     }
 }
 

@@ -208,14 +208,18 @@ fn precision_bytes(p: Precision) -> (f64, bool) {
 
 impl StepModel {
     /// One model per pipeline stage worth checking (the first and the last
-    /// when there are several; they hold the embedding and the head).
+    /// when there are several; they hold the embedding and the head). A V
+    /// schedule puts the first and the last stage on rank 0 and the two
+    /// middle ones on rank p − 1: those two ranks.
     pub fn candidates(
         job: &ValidatedJob,
         gpu: &'static GpuProduct,
         profile: &Profile,
         ends: &Ends,
     ) -> Vec<StepModel> {
-        let pp = job.spec().parallelism.pipeline_parallel.max(1);
+        let p = &job.spec().parallelism;
+        let pp = p.pipeline_parallel.max(1);
+        let v = p.pipeline_schedule.v_shape();
         match &job.model {
             ResolvedModel::Transformer(arch) if pp > 1 => vec![
                 StepModel::with_stage(
@@ -223,14 +227,14 @@ impl StepModel {
                     gpu,
                     profile,
                     ends,
-                    transformer_stage(job, gpu, arch, true, false, profile, ends),
+                    transformer_stage(job, gpu, arch, true, v, profile, ends),
                 ),
                 StepModel::with_stage(
                     job,
                     gpu,
                     profile,
                     ends,
-                    transformer_stage(job, gpu, arch, false, true, profile, ends),
+                    transformer_stage(job, gpu, arch, false, !v, profile, ends),
                 ),
             ],
             _ => vec![StepModel::new(job, gpu, profile, ends)],

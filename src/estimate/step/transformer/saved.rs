@@ -4,10 +4,11 @@
 use super::weights::Weights;
 use super::{Setting, uncheckpointed_share};
 use crate::api::arch::{Kind, Mlp};
-use crate::api::{Checkpointing, PipelineSchedule, Quantization, TrainingMode};
+use crate::api::{Checkpointing, Quantization, TrainingMode};
 use crate::estimate::activations::{self, ActContext};
 use crate::estimate::bounds;
 use crate::estimate::peft;
+use crate::estimate::pipeline::{self, Rank};
 use crate::estimate::stacks::QuantLibrary;
 use crate::estimate::step::{float8, quant};
 
@@ -120,7 +121,7 @@ pub(super) fn saved(st: &Setting, w: &Weights, ctx: &ActContext) -> Saved {
         per_microbatch =
             per_microbatch.min(2.0 * tokens * activations::block_input_bytes_per_token(arch, ctx));
     }
-    let activations = per_microbatch * in_flight(st);
+    let activations = in_flight_bytes(st, per_microbatch, kept_enc_blocks + dec_blocks);
     // During backward of a checkpointed block, that block is recomputed whole.
     let layer_activations = tokens * full_block;
     let recompute = if t.gradient_checkpointing == Checkpointing::None {
@@ -165,22 +166,65 @@ pub(super) fn kept_encoder_blocks(st: &Setting, ctx: &ActContext, enc_blocks: f6
     adapted.map_or(enc_blocks, |n| n.min(enc_blocks))
 }
 
+/// What this stage's rank holds at its peak (`pipeline::in_flight`): rank 0
+/// for the first stage (under a V schedule also the last), else rank p − 1.
+pub(super) fn pipeline_in_flight(st: &Setting) -> pipeline::InFlight {
+    let p = st.p;
+    // The number of micro-batches per step, where globalBatchSize gives it.
+    let m =
+        st.t.global_batch_size
+            .map(|_| st.job.gradient_accumulation_steps.max(1));
+    let rank = if st.first { Rank::First } else { Rank::Last };
+    pipeline::in_flight(
+        p.pipeline_schedule,
+        p.pipeline_parallel,
+        p.virtual_stages,
+        m,
+        rank,
+    )
+}
+
 /// Micro-batches in flight on this stage.
+#[cfg(test)]
 pub(super) fn in_flight(st: &Setting) -> f64 {
-    let (p, pp) = (st.p, st.pp);
-    if pp > 1.0 && st.first {
-        let m = st.job.gradient_accumulation_steps.max(1) as f64;
-        match p.pipeline_schedule {
-            PipelineSchedule::Gpipe => m,
-            PipelineSchedule::OneFOneB => pp.min(m.max(pp)),
-            PipelineSchedule::Interleaved1f1b => {
-                let vs = p.virtual_stages.max(1) as f64;
-                pp * (1.0 + (pp - 1.0) / (pp * vs))
-            }
-        }
-    } else {
-        1.0
+    pipeline_in_flight(st).held
+}
+
+/// Every micro-batch in flight's saved tensors, `per_microbatch` bytes
+/// each over the stage's `blocks`: those between their input and weight
+/// backward (zero-bubble schedules) keep what `bounds::split_backward_held`
+/// says instead, and the loss's stage the gradient of each one's logits.
+fn in_flight_bytes(st: &Setting, per_microbatch: f64, blocks: f64) -> f64 {
+    let f = pipeline_in_flight(st);
+    if f.split <= 0.0 {
+        return per_microbatch * f.held;
     }
+    let (q, kv) = (
+        (st.arch.heads * st.arch.head_dim) as f64 / st.tp,
+        (st.arch.kv_heads * st.arch.head_dim) as f64 / st.tp,
+    );
+    let mlp_in = match st.arch.mlp {
+        Mlp::Gated => 2.0,
+        Mlp::Standard => 1.0,
+    };
+    // Per token of one block, in elements: the inputs of q/k/v (one
+    // tensor), o, the MLP's input projections (one tensor) and its down
+    // projection; the gradients of their outputs.
+    let inputs = 2.0 * st.h + q + st.i_width;
+    let grads = q + 2.0 * kv + st.h + mlp_in * st.i_width + st.h;
+    let per_block = st.tokens * st.elem * blocks;
+    let split = bounds::split_backward_held(
+        st.ends,
+        per_microbatch,
+        inputs * per_block,
+        grads * per_block,
+    );
+    let logit_grads = if st.last && st.lm_head() {
+        f.extra_logit_grads * st.tokens * st.vocab_rank * st.elem
+    } else {
+        0.0
+    };
+    per_microbatch * (f.held - f.split) + split * f.split + logit_grads
 }
 
 /// What one block holds for a moment while it runs, in bytes.

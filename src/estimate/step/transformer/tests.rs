@@ -131,6 +131,78 @@ fn pipeline_schedules_keep_their_micro_batches_in_flight() {
     );
 }
 
+/// Llama-3-8B on 4 pipeline ranks of 2 data-parallel ranks, 16 samples a
+/// step at micro-batch 1: 8 micro-batches per pipeline.
+fn pipelined(schedule: &str, virtual_stages: u64) -> ValidatedJob {
+    job(&format!(
+        "model: {{preset: llama-3-8b}}\ntraining: {{globalBatchSize: 16}}\nparallelism: {{gpus: 8, pipelineParallel: 4, pipelineSchedule: {schedule}, virtualStages: {virtual_stages}}}\n",
+    ))
+}
+
+#[test]
+fn zero_bubble_last_rank_keeps_split_micro_batches_and_their_output_gradients() {
+    let gpu = gpus::find("h100-80gb").expect("h100-80gb is in the catalog");
+    // (micro-batches held, activations, bytes of one logits gradient, of
+    // one micro-batch's linear output gradients) on the last rank.
+    let last = |j: &ValidatedJob, ends: &Ends| {
+        let (a, p) = (arch(j), profile(j));
+        let st = Setting::new(j, gpu, &a, false, true, &p, ends);
+        let w = weights::weights(&st);
+        let ctx = saved::act_context(&st);
+        let logit_grad = st.tokens * st.vocab_rank * st.elem;
+        // q 4096 + k, v 1024 each + o 4096 + gate, up 14336 each + down
+        // 4096 elements per token, in each of the rank's 8 blocks.
+        let output_grads = 43008.0 * st.tokens * st.elem * 8.0;
+        (
+            saved::in_flight(&st),
+            saved::saved(&st, &w, &ctx).activations,
+            logit_grad,
+            output_grads,
+        )
+    };
+    let (one, plain, _, _) = last(&pipelined("1f1b", 1), &POINT);
+    assert_eq!(one, 1.0);
+    // ZB-H1's last rank defers its first weight passes: 4 micro-batches
+    // held (8 pairs of 2 virtual stages), 4 pairs between I and W, 3 more
+    // logits gradients than the head's own.
+    let zb = pipelined("interleaved-zero-bubble", 2);
+    let (held, point, logit_grad, output_grads) = last(&zb, &POINT);
+    assert_eq!(held, 4.0);
+    let expected = 4.0 * plain + 2.0 * output_grads + 3.0 * logit_grad;
+    assert!(
+        (point - expected).abs() < 1e-6 * expected,
+        "{point} against {expected}"
+    );
+    // The low end keeps only the linears' inputs of the split ones.
+    let (_, low, _, _) = last(&zb, &Ends::point_but(Mechanism::SplitBackward, End::Low));
+    assert!(low < point && low > 2.0 * plain, "{low} {point}");
+    // Schedules without the split hold no output gradients.
+    let (held, dual, _, _) = last(&pipelined("dualpipev", 2), &POINT);
+    assert_eq!(held, 4.5);
+    assert_eq!(dual, 4.5 * plain);
+}
+
+#[test]
+fn a_v_schedule_puts_the_embedding_and_the_head_on_rank_0() {
+    let gpu = gpus::find("h100-80gb").expect("h100-80gb is in the catalog");
+    let stages = |j: &ValidatedJob| {
+        crate::estimate::step::StepModel::candidates(j, gpu, &profile(j), &POINT)
+            .into_iter()
+            .map(|m| m.stage)
+            .collect::<Vec<_>>()
+    };
+    let v = stages(&pipelined("zbv-zero-bubble", 2));
+    let plain = stages(&pipelined("1f1b", 1));
+    // Rank 0: the head's logits and both the embedding's and the head's
+    // weights (Llama-3-8B's are untied); rank p − 1: neither.
+    assert!(v[0].logits_forward > 0.0);
+    assert_eq!(v[0].logits_forward, plain[1].logits_forward);
+    assert_eq!(v[1].logits_forward, 0.0);
+    let head = 128256.0 * 4096.0;
+    assert!(v[0].weights > plain[0].weights + head);
+    assert!(v[1].weights < plain[0].weights);
+}
+
 #[test]
 fn the_loss_keeps_three_fp32_planes_beyond_the_held_logits() {
     let j = job("model: {preset: llama-3-8b}\ntraining: {sequenceLength: 1024}\n");
