@@ -81,8 +81,12 @@ pub fn in_flight(
         // Every micro-batch's forward, then the backwards
         // (`ScheduleGPipe._step_microbatches`): all of them on every rank.
         PipelineSchedule::Gpipe => InFlight::whole(m.unwrap_or(1).max(1) as f64),
+        // `Schedule1F1B._step_microbatches`: rank r runs min(m, p − r)
+        // warm-up forwards, then a backward before each forward, so the
+        // first rank holds min(m, p) and the last one (PyTorch's class
+        // refuses m < p; Megatron's 1F1B takes it, with the same warm-up).
         PipelineSchedule::OneFOneB => InFlight::whole(match rank {
-            Rank::First => pf,
+            Rank::First => m.map_or(pf, |m| (m.max(1) as f64).min(pf)),
             Rank::Last => 1.0,
         }),
         PipelineSchedule::Interleaved1f1b => {
@@ -258,6 +262,19 @@ mod tests {
                 assert_eq!(got.held, megatron, "p{p} v{v} m{m:?}");
             }
         }
+    }
+
+    /// 1F1B's first rank runs min(m, p) warm-up forwards
+    /// (`Schedule1F1B._step_microbatches`): fewer micro-batches than stages
+    /// hold only those; the last rank holds one.
+    #[test]
+    fn one_f_one_b_holds_the_warm_up_on_the_first_rank() {
+        let held = |m, rank| in_flight(PipelineSchedule::OneFOneB, 4, 1, m, rank).held;
+        assert_eq!(held(Some(2), Rank::First), 2.0);
+        assert_eq!(held(Some(4), Rank::First), 4.0);
+        assert_eq!(held(Some(32), Rank::First), 4.0);
+        assert_eq!(held(None, Rank::First), 4.0);
+        assert_eq!(held(Some(32), Rank::Last), 1.0);
     }
 
     /// Unknown micro-batch counts take the pipeline as full: the steady
