@@ -21,6 +21,22 @@ pub enum Mlp {
     Standard,
 }
 
+impl Mlp {
+    /// Weight matrices of one MLP: gate, up and down, or fc1 and fc2.
+    pub const fn matrices(self) -> u64 {
+        match self {
+            Mlp::Gated => 3,
+            Mlp::Standard => 2,
+        }
+    }
+
+    /// Of them, the projections out of the hidden width (gate and up, or
+    /// fc1); the last one projects back.
+    pub const fn input_projections(self) -> u64 {
+        self.matrices() - 1
+    }
+}
+
 /// How the MLP's activation function runs, which sets what it saves for
 /// backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

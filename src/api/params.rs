@@ -53,10 +53,7 @@ fn attention(a: &Arch) -> Option<(u64, u64, u64)> {
 /// Matrices, small parameters and largest matrix of one dense MLP of width `i`.
 fn dense_mlp(a: &Arch, i: u64) -> Option<(u64, u64, u64)> {
     let per_matrix = mul(a.hidden, i)?;
-    let n = match a.mlp {
-        Mlp::Gated => 3,
-        Mlp::Standard => 2,
-    };
+    let n = a.mlp.matrices();
     let small = if a.linear_bias {
         match a.mlp {
             Mlp::Gated => add(mul(i, 2)?, a.hidden)?,

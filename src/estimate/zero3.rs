@@ -33,7 +33,7 @@
 //! `integrations/deepspeed.py`, `trainer_config_finalize`), and keep 1e9 for
 //! the reuse distance and the live parameters.
 
-use super::arch::{Arch, Mlp};
+use super::arch::Arch;
 use super::bounds::{Ends, Mechanism};
 use super::params::Counts;
 
@@ -89,10 +89,7 @@ impl Trace {
         let q = (a.heads * a.head_dim) as f64;
         let kv = (a.kv_heads * a.head_dim) as f64;
         let mut block = vec![h * q, h * kv, h * kv, q * h];
-        let matrices = match a.mlp {
-            Mlp::Gated => 3.0,
-            Mlp::Standard => 2.0,
-        };
+        let matrices = a.mlp.matrices() as f64;
         let i = a.intermediate as f64;
         if a.experts > 0 {
             let e = a.experts as f64;

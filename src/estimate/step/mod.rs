@@ -198,6 +198,16 @@ pub struct StepModel {
     fp32_build: f64,
 }
 
+/// Gradients of earlier micro-batches are live through the step. With a
+/// globalBatchSize the steps are known; without one, the stack's default
+/// decides (a plain PyTorch loop does not accumulate).
+fn accumulating(job: &ValidatedJob, profile: &Profile) -> bool {
+    match job.spec().training.global_batch_size {
+        Some(_) => job.gradient_accumulation_steps > 1,
+        None => profile.accumulates_by_default,
+    }
+}
+
 fn precision_bytes(p: Precision) -> (f64, bool) {
     match p {
         Precision::Fp32 | Precision::Tf32 => (4.0, false),
@@ -315,12 +325,7 @@ impl StepModel {
                 context: bounds::cuda_context(ends, &facts, overheads.cuda_context_bytes as f64),
                 nccl,
             },
-            // With a globalBatchSize the steps are known; without one, the
-            // stack's default decides (a plain PyTorch loop does not accumulate).
-            accumulating: match job.spec().training.global_batch_size {
-                Some(_) => job.gradient_accumulation_steps > 1,
-                None => profile.accumulates_by_default,
-            },
+            accumulating: accumulating(job, profile),
         }
     }
 

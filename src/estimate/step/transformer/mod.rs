@@ -4,7 +4,7 @@
 //! temporaries (`saved`), the head and its loss (`head`) and generation's
 //! KV cache (`inference`). [`Setting`] carries what they all read.
 
-use super::{MIB, Recipe, Stage, float8, precision_bytes, recipe};
+use super::{MIB, Recipe, Stage, accumulating, float8, precision_bytes, recipe};
 use crate::api::arch::Arch;
 use crate::api::gpus::GpuProduct;
 use crate::api::params::{self, Counts};
@@ -82,8 +82,8 @@ pub(super) struct Setting<'a> {
     largest_matrix: f64,
     /// The largest weight matrix of one block on this rank (elements).
     largest_block_matrix: f64,
-    /// Gradients of earlier micro-batches are live through the step (the
-    /// same rule as `StepModel::accumulating`).
+    /// Gradients of earlier micro-batches are live through the step
+    /// (`step::accumulating`).
     accumulating: bool,
     /// One block's linears, gathered at the compute dtype, or in float8
     /// under FSDP2's float8 all-gather (bytes).
@@ -154,10 +154,7 @@ impl<'a> Setting<'a> {
             strategy_is_torch: matches!(p.strategy, Strategy::Ddp | Strategy::Fsdp),
             largest_matrix: counts.largest_matrix as f64 / tp,
             largest_block_matrix: counts.largest_block_matrix as f64 / tp,
-            accumulating: match t.global_batch_size {
-                Some(_) => job.gradient_accumulation_steps > 1,
-                None => profile.accumulates_by_default,
-            },
+            accumulating: accumulating(job, profile),
             block_gathered: counts.block_linear as f64 / tp * float8::gathered_bytes(t, elem, dp),
             i_width: arch.mlp_width_per_token() / tp,
             counts,
@@ -307,10 +304,7 @@ fn expert_grads(st: &Setting) -> [f64; 2] {
         return [0.0; 2];
     }
     let one = a.experts as f64 * a.intermediate as f64 * st.h / st.tp * st.r.grad;
-    let up = match a.mlp {
-        crate::api::arch::Mlp::Gated => 2.0,
-        crate::api::arch::Mlp::Standard => 1.0,
-    };
+    let up = a.mlp.input_projections() as f64;
     [up * one, one]
 }
 
@@ -411,10 +405,7 @@ fn tensors(st: &Setting, trainable: f64, l: &Logits) -> (f64, f64, f64) {
     let (h, tp) = (st.h, st.tp);
     let q = (a.heads * a.head_dim) as f64 / tp;
     let kv = (a.kv_heads * a.head_dim) as f64 / tp;
-    let mlp_matrices = match a.mlp {
-        crate::api::arch::Mlp::Gated => 3.0,
-        crate::api::arch::Mlp::Standard => 2.0,
-    } * a.experts.max(1) as f64;
+    let mlp_matrices = a.mlp.matrices() as f64 * a.experts.max(1) as f64;
     // (elements, how many) of one block's matrices on this rank.
     let i = a.intermediate as f64 / tp;
     let matrices = [(h * q, 2.0), (h * kv, 2.0), (h * i, mlp_matrices)];

@@ -184,12 +184,6 @@ pub(super) fn pipeline_in_flight(st: &Setting) -> pipeline::InFlight {
     )
 }
 
-/// Micro-batches in flight on this stage.
-#[cfg(test)]
-pub(super) fn in_flight(st: &Setting) -> f64 {
-    pipeline_in_flight(st).held
-}
-
 /// Every micro-batch in flight's saved tensors, `per_microbatch` bytes
 /// each over the stage's `blocks`: those between their input and weight
 /// backward (zero-bubble schedules) keep what `bounds::split_backward_held`
@@ -203,10 +197,7 @@ fn in_flight_bytes(st: &Setting, per_microbatch: f64, blocks: f64) -> f64 {
         (st.arch.heads * st.arch.head_dim) as f64 / st.tp,
         (st.arch.kv_heads * st.arch.head_dim) as f64 / st.tp,
     );
-    let mlp_in = match st.arch.mlp {
-        Mlp::Gated => 2.0,
-        Mlp::Standard => 1.0,
-    };
+    let mlp_in = st.arch.mlp.input_projections() as f64;
     // Per token of one block, in elements: the inputs of q/k/v (one
     // tensor), o, the MLP's input projections (one tensor) and its down
     // projection; the gradients of their outputs.

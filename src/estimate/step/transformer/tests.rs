@@ -108,6 +108,7 @@ fn a_prefix_adapter_keeps_activations_in_its_adapted_blocks_only() {
 
 #[test]
 fn pipeline_schedules_keep_their_micro_batches_in_flight() {
+    let held = |st: &Setting| saved::pipeline_in_flight(st).held;
     let spec = |schedule: &str| {
         job(&format!(
             "model: {{preset: llama-3-8b}}\ntraining: {{globalBatchSize: 64}}\nparallelism: {{gpus: 16, strategy: megatron, tensorParallel: 2, pipelineParallel: 4, pipelineSchedule: {schedule}}}\n",
@@ -115,18 +116,10 @@ fn pipeline_schedules_keep_their_micro_batches_in_flight() {
     };
     // 64 samples over 2 data-parallel ranks at micro-batch 1: 32 micro-batches.
     let gpipe = spec("gpipe");
-    assert_eq!(
-        with(&gpipe, &profile(&gpipe), &POINT, saved::in_flight),
-        32.0
-    );
+    assert_eq!(with(&gpipe, &profile(&gpipe), &POINT, held), 32.0);
     let one_f_one_b = spec("1f1b");
     assert_eq!(
-        with(
-            &one_f_one_b,
-            &profile(&one_f_one_b),
-            &POINT,
-            saved::in_flight
-        ),
+        with(&one_f_one_b, &profile(&one_f_one_b), &POINT, held),
         4.0
     );
 }
@@ -154,7 +147,7 @@ fn zero_bubble_last_rank_keeps_split_micro_batches_and_their_output_gradients() 
         // 4096 elements per token, in each of the rank's 8 blocks.
         let output_grads = 43008.0 * st.tokens * st.elem * 8.0;
         (
-            saved::in_flight(&st),
+            saved::pipeline_in_flight(&st).held,
             saved::saved(&st, &w, &ctx).activations,
             logit_grad,
             output_grads,
